@@ -1,0 +1,30 @@
+"""The job table engine: every rule of the job contract, with no I/O.
+
+No module here imports a network, event-loop or clock library (a test enforces it).
+Time enters through the injected ``clock`` and randomness through ``rng``; the engine
+tells its driver when it next needs attention (``JobTable.next_event_at()``).
+
+Exceptions::
+
+    ValueError
+     └── InvalidArgument   a bad argument; .field names it; nothing changed
+"""
+
+from ._errors import InvalidArgument
+from ._table import JobHandle, JobTable, Queue
+from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
+
+__all__ = [
+    "InvalidArgument",
+    "Job",
+    "JobHandle",
+    "JobState",
+    "JobTable",
+    "NewJob",
+    "Queue",
+    "QueueOpts",
+    "QueueStats",
+    "QueueTotals",
+    "RawJSON",
+    "SweepResult",
+]

@@ -1,0 +1,29 @@
+"""The engine's one exception.
+
+``InvalidArgument`` (a ``ValueError``) is raised for a bad argument: a wrong type, a
+value out of range, a bad queue name, a payload that is not strict JSON or is too large.
+Its ``field`` names the offending argument (``"priority"``, ``"jobs[3].delay_s"``) and
+its message starts with that name. A call that raises has changed nothing.
+
+A failed *validity predicate* (a lapsed or foreign lease, an unknown id) is never an
+exception: those operations answer ``False`` or ``None``, as the contract says.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InvalidArgument"]
+
+
+class InvalidArgument(ValueError):
+    """An argument broke a guard of the contract; nothing was changed."""
+
+    code = "invalid_argument"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+    def within(self, prefix: str) -> InvalidArgument:
+        """The same error, its field placed under ``prefix`` (``jobs[3]`` + ``.priority``)."""
+        return InvalidArgument(f"{prefix}.{self.field}", self.problem)

@@ -1,0 +1,208 @@
+"""Argument guards (contract, "Options and their resolution").
+
+Each guard returns the value in its stored form or raises ``InvalidArgument`` naming
+the field. A bool is never a number here, although Python says ``True == 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from ._errors import InvalidArgument
+from ._types import QueueOpts, RawJSON
+
+__all__ = [
+    "MAX_KEY_LEN",
+    "MAX_PAYLOAD_DEPTH",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "check_opts",
+    "encode_payload",
+    "error_text",
+    "finite",
+    "key",
+    "nonneg",
+    "optional",
+    "positive",
+    "positive_int",
+    "priority",
+    "queue_name",
+    "worker_id",
+]
+
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+MAX_KEY_LEN = 1024
+# orjson, which decodes every frame, refuses deeper nesting than this, so deeper
+# payloads could not travel anyway; refusing them here keeps the walk bounded.
+MAX_PAYLOAD_DEPTH = 254
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+
+
+def _describe(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def finite(field: str, value: object) -> float:
+    """A real number (int or float, never bool) that is finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(field, f"must be a number, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidArgument(field, "must be finite, got a number too large") from None
+    if not math.isfinite(number):
+        raise InvalidArgument(field, f"must be finite, got {_describe(value)}")
+    return number
+
+
+def nonneg(field: str, value: object) -> float:
+    """A finite number >= 0."""
+    number = finite(field, value)
+    if number < 0:
+        raise InvalidArgument(field, f"must be >= 0, got {_describe(value)}")
+    return number
+
+
+def positive(field: str, value: object) -> float:
+    """A finite number > 0."""
+    number = finite(field, value)
+    if number <= 0:
+        raise InvalidArgument(field, f"must be > 0, got {_describe(value)}")
+    return number
+
+
+def positive_int(field: str, value: object) -> int:
+    """An int >= 1 (never a bool, never a float)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(field, f"must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise InvalidArgument(field, f"must be >= 1, got {value}")
+    return value
+
+
+def priority(value: object) -> int:
+    """An int in [-2**31, 2**31 - 1]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("priority", f"must be an int, got {type(value).__name__}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidArgument(
+            "priority", f"must be in [{PRIORITY_MIN}, {PRIORITY_MAX}], got {_describe(value)}"
+        )
+    return value
+
+
+def optional(check: Any, field: str, value: object) -> Any:
+    """``check(field, value)``, or ``None`` when value is ``None`` (the option is not set)."""
+    return None if value is None else check(field, value)
+
+
+def queue_name(value: object) -> str:
+    """1 to 128 characters, each a letter, a digit or one of ``. _ - :``."""
+    if not isinstance(value, str):
+        raise InvalidArgument("queue", f"must be a string, got {type(value).__name__}")
+    if not _QUEUE_NAME.fullmatch(value):
+        raise InvalidArgument(
+            "queue",
+            f"must be 1 to 128 of A-Z a-z 0-9 . _ - : (no spaces), got {_describe(value)}",
+        )
+    return value
+
+
+def worker_id(value: object) -> str:
+    """A non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument("worker_id", f"must be a non-empty string, got {_describe(value)}")
+    return value
+
+
+def key(value: object) -> str | None:
+    """``None``, or a string of 1 to ``MAX_KEY_LEN`` characters."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument("key", f"must be a string or null, got {type(value).__name__}")
+    if not 1 <= len(value) <= MAX_KEY_LEN:
+        raise InvalidArgument("key", f"must be 1 to {MAX_KEY_LEN} characters, got {len(value)}")
+    return value
+
+
+def error_text(field: str, value: object) -> str | None:
+    """An error string; ``None`` and ``""`` both mean "no error given"."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(field, f"must be a string or null, got {type(value).__name__}")
+    return value or None
+
+
+def check_opts(opts: object) -> QueueOpts:
+    """A ``QueueOpts`` whose every field is in range, numbers stored as floats."""
+    if not isinstance(opts, QueueOpts):
+        raise InvalidArgument("opts", f"must be a QueueOpts, got {type(opts).__name__}")
+    base = nonneg("backoff_base_s", opts.backoff_base_s)
+    cap = nonneg("backoff_max_s", opts.backoff_max_s)
+    if base > cap:
+        raise InvalidArgument("backoff_base_s", f"must be <= backoff_max_s ({cap}), got {base}")
+    return QueueOpts(
+        visibility_timeout_s=positive("visibility_timeout_s", opts.visibility_timeout_s),
+        max_attempts=positive_int("max_attempts", opts.max_attempts),
+        backoff_base_s=base,
+        backoff_max_s=cap,
+        expires_s=optional(positive, "expires_s", opts.expires_s),
+        dead_letter_retention_s=optional(
+            nonneg, "dead_letter_retention_s", opts.dead_letter_retention_s
+        ),
+    )
+
+
+def _check_json(value: object) -> None:
+    """Raise unless ``value`` is strict JSON: str-keyed objects, arrays, finite numbers."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if item is None or isinstance(item, str | bool | int):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise InvalidArgument("payload", f"must be strict JSON, holds {item!r}")
+            continue
+        if depth >= MAX_PAYLOAD_DEPTH:
+            raise InvalidArgument("payload", f"nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if not isinstance(k, str):
+                    raise InvalidArgument(
+                        "payload", f"object keys must be strings, got {type(k).__name__}"
+                    )
+                stack.append((v, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            raise InvalidArgument("payload", f"must be strict JSON, holds a {type(item).__name__}")
+
+
+def encode_payload(payload: object, limit: int) -> bytes:
+    """The payload as compact UTF-8 JSON bytes, at most ``limit`` bytes long."""
+    if isinstance(payload, RawJSON):
+        data = payload.data
+        if not isinstance(data, bytes):
+            raise InvalidArgument("payload", "RawJSON must hold bytes")
+    else:
+        _check_json(payload)
+        try:
+            data = json.dumps(
+                payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+            ).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument("payload", "holds a string that is not valid Unicode") from None
+    if len(data) > limit:
+        raise InvalidArgument(
+            "payload", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"
+        )
+    return data

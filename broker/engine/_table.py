@@ -1,0 +1,859 @@
+"""The job table: every state transition of the contract, in this one module.
+
+Theory of operation
+-------------------
+A ``JobTable`` owns its queues and an index of every live row by sequence number (a
+job's id is the table's prefix followed by its ``seq`` in hex, so the index needs no
+strings). Each ``Queue`` keeps its rows in exactly one place per state:
+
+* ``_ready``: a heap keyed ``(-priority, ready time, seq)`` of everything a claim may
+  take: pending rows whose ``ready_at`` has come, and processing rows whose lease has
+  lapsed (their ready time is the lapsed ``deadline``: contract, "Claiming").
+* ``_scheduled``: a heap keyed ``(ready_at, seq)`` of pending rows not yet ready.
+* ``_leases``: a heap keyed ``(deadline, seq)`` of processing rows. A heartbeat only
+  moves ``row.deadline`` later; the entry is re-keyed lazily when it reaches the top,
+  so a heartbeat is O(1).
+* ``_expiry``: a heap keyed ``(expires_at, seq)`` of live rows that can expire.
+* ``_dead``: dead rows in the order they died (the clock never goes backwards, so
+  this is ``died_at`` order), which makes retention a walk from the front.
+* ``_exhausted``: lapsed rows whose attempts are used up. They sit in ``_ready`` so
+  that a claim meets them in order, and here so that a sweep finds them without a scan.
+
+Nothing moves on its own. Every public operation reads the injected clock once and
+first calls ``_advance(now)``, which moves matured scheduled rows and lapsed leases
+into ``_ready``, each exactly once. Counters change with every transition, so
+``stats()`` never walks rows. Removal from a heap is lazy (see ``_heap``).
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from . import _guards as guard
+from ._errors import InvalidArgument
+from ._heap import Heap
+from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
+
+__all__ = ["JobHandle", "JobTable", "Queue"]
+
+PENDING = JobState.PENDING
+PROCESSING = JobState.PROCESSING
+DEAD = JobState.DEAD
+
+EXPIRED = "expired"
+MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
+FAILED = "failed"
+
+# 2.0 ** 1023 is the largest power of two a float holds; past it the curve is at its cap
+# for any base > 0, so clamping the exponent keeps the arithmetic from overflowing.
+_MAX_EXPONENT = 1023
+
+
+def _wall_clock() -> float:
+    """The default clock: wall-clock seconds since the epoch. Tests inject their own."""
+    return datetime.now(UTC).timestamp()
+
+
+class _Row:
+    """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
+
+    __slots__ = (
+        "_entry",
+        "_exp_entry",
+        "_heap",
+        "attempts",
+        "backoff_base_s",
+        "backoff_max_s",
+        "deadline",
+        "died_at",
+        "enqueued_at",
+        "expires_at",
+        "key",
+        "last_error",
+        "lease",
+        "max_attempts",
+        "payload",
+        "priority",
+        "queue",
+        "ready_at",
+        "seq",
+        "state",
+        "visibility_timeout_s",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        queue: Queue,
+        payload: bytes,
+        priority: int,
+        max_attempts: int,
+        visibility_timeout_s: float,
+        backoff_base_s: float,
+        backoff_max_s: float,
+        enqueued_at: float,
+        ready_at: float,
+        expires_at: float | None,
+        key: str | None,
+    ) -> None:
+        self.seq = seq
+        self.queue = queue
+        self.payload = payload
+        self.priority = priority
+        self.state: JobState | None = PENDING  # None once the row is deleted
+        self.attempts = 0
+        self.max_attempts = max_attempts
+        self.visibility_timeout_s = visibility_timeout_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.enqueued_at = enqueued_at
+        self.ready_at = ready_at
+        self.expires_at = expires_at
+        self.worker_id: str | None = None
+        self.deadline: float | None = None
+        self.lease: str | None = None
+        self.last_error: str | None = None
+        self.died_at: float | None = None
+        self.key = key
+        self._entry: tuple[Any, ...] | None = None
+        self._heap: Heap | None = None
+        self._exp_entry: tuple[Any, ...] | None = None
+
+
+class JobHandle:
+    """A claim of one job: its id, its lease, and the snapshot taken at the claim.
+
+    ``ack``, ``retry``, ``fail`` and ``heartbeat`` answer ``False`` when the lease is no
+    longer valid (lapsed, already used, or the job cancelled or dead) and change nothing
+    then; they raise ``InvalidArgument`` only for a bad argument.
+    """
+
+    __slots__ = ("_queue", "_row", "id", "job", "lease")
+
+    def __init__(self, queue: Queue, row: _Row, job: Job) -> None:
+        self._queue = queue
+        self._row = row
+        self.id = job.id
+        self.job = job
+        assert row.lease is not None
+        self.lease: str = row.lease
+
+    def ack(self) -> bool:
+        """The job is done: it is deleted."""
+        return self._queue._ack(self._row, self.lease)
+
+    def retry(self, error: str | None = None, delay_s: float | None = None) -> bool:
+        """Back to pending after ``delay_s`` (or the backoff curve), or dead if used up."""
+        return self._queue._retry(self._row, self.lease, error, delay_s)
+
+    def fail(self, error: str | None = None) -> bool:
+        """Dead at once, with ``error`` or ``"failed"`` as its last error."""
+        return self._queue._fail(self._row, self.lease, error)
+
+    def heartbeat(self) -> bool:
+        """Extend the lease to now + visibility timeout (an absolute reset)."""
+        return self._queue._heartbeat(self._row, self.lease)
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id} lease={self.lease}>"
+
+
+class Queue:
+    """One named queue of a ``JobTable``. Get it from ``JobTable.queue(name)``.
+
+    Every operation is O(log n) or better in the queue's depth. Operations that take an
+    id answer ``None`` / ``False`` for an id of another queue or of no job.
+    """
+
+    __slots__ = (
+        "_dead",
+        "_exhausted",
+        "_expiry",
+        "_keys",
+        "_leases",
+        "_n_processing",
+        "_n_ready",
+        "_n_scheduled",
+        "_opts",
+        "_paused",
+        "_ready",
+        "_scheduled",
+        "_table",
+        "_totals",
+        "name",
+    )
+
+    def __init__(self, table: JobTable, name: str, opts: QueueOpts) -> None:
+        self._table = table
+        self.name = name
+        self._opts = opts
+        self._paused = False
+        self._ready = Heap("_entry")
+        self._scheduled = Heap("_entry")
+        self._leases = Heap("_entry")
+        self._expiry = Heap("_exp_entry")
+        self._exhausted: dict[int, _Row] = {}
+        self._dead: OrderedDict[int, _Row] = OrderedDict()
+        self._keys: dict[str, _Row] = {}
+        self._n_ready = 0
+        self._n_scheduled = 0
+        self._n_processing = 0
+        # enqueued, completed, retried, dead, expired, cancelled (see QueueTotals)
+        self._totals = [0, 0, 0, 0, 0, 0]
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r}>"
+
+    # -- options and operator switches ------------------------------------------------
+
+    @property
+    def opts(self) -> QueueOpts:
+        """The options later enqueues resolve against."""
+        return self._opts
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop handing out jobs from this queue; nothing else changes."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Hand out jobs again."""
+        self._paused = False
+
+    # -- enqueue --------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay_s: float | None = None,
+        run_at: float | None = None,
+        expires_s: float | None = None,
+        visibility_timeout_s: float | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+        key: str | None = None,
+    ) -> str:
+        """Store a job and return its id.
+
+        With a ``key`` that a live job of this queue already carries, return that job's
+        id and change nothing. Raises ``InvalidArgument`` (nothing changed) for a bad
+        argument; every guard runs before the key is looked at.
+        """
+        spec = NewJob(
+            payload,
+            priority,
+            delay_s,
+            run_at,
+            expires_s,
+            visibility_timeout_s,
+            max_attempts,
+            backoff_base_s,
+            key,
+        )
+        resolved = self._resolve(spec)
+        return self._insert(resolved, self._table._now())
+
+    def enqueue_batch(self, jobs: Sequence[NewJob]) -> list[str]:
+        """Store every job of ``jobs`` or none: all are checked before any is stored.
+
+        Returns the ids in order (a job whose key is taken, by a stored job or by an
+        earlier one of the batch, gets that job's id). A bad job raises
+        ``InvalidArgument`` whose field is ``jobs[i].<field>``.
+        """
+        resolved = []
+        for index, spec in enumerate(jobs):
+            if not isinstance(spec, NewJob):
+                raise InvalidArgument(f"jobs[{index}]", "must be a NewJob")
+            try:
+                resolved.append(self._resolve(spec))
+            except InvalidArgument as exc:
+                raise exc.within(f"jobs[{index}]") from None
+        now = self._table._now()
+        return [self._insert(item, now) for item in resolved]
+
+    def _resolve(self, spec: NewJob) -> tuple[Any, ...]:
+        """Check every option of ``spec`` and resolve it against the queue's (no change)."""
+        opts = self._opts
+        prio = guard.priority(spec.priority)
+        delay_s = guard.optional(guard.nonneg, "delay_s", spec.delay_s)
+        run_at = guard.optional(guard.finite, "run_at", spec.run_at)
+        expires_s = guard.optional(guard.positive, "expires_s", spec.expires_s)
+        vis = guard.optional(guard.positive, "visibility_timeout_s", spec.visibility_timeout_s)
+        attempts = guard.optional(guard.positive_int, "max_attempts", spec.max_attempts)
+        base = guard.optional(guard.nonneg, "backoff_base_s", spec.backoff_base_s)
+        if base is None:
+            base = opts.backoff_base_s
+        elif base > opts.backoff_max_s:
+            raise InvalidArgument(
+                "backoff_base_s",
+                f"must be <= the queue's backoff_max_s ({opts.backoff_max_s}), got {base}",
+            )
+        key = guard.key(spec.key)
+        payload = guard.encode_payload(spec.payload, self._table.max_payload_bytes)
+        if expires_s is None:
+            expires_s = opts.expires_s
+        return (
+            payload,
+            prio,
+            delay_s,
+            run_at,
+            expires_s,
+            opts.visibility_timeout_s if vis is None else vis,
+            opts.max_attempts if attempts is None else attempts,
+            base,
+            key,
+        )
+
+    def _insert(self, resolved: tuple[Any, ...], now: float) -> str:
+        payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key = resolved
+        table = self._table
+        if key is not None:
+            existing = self._keys.get(key)
+            if existing is not None:
+                return table._format_id(existing.seq)
+        if delay_s is not None:
+            ready_at = now + delay_s
+        elif run_at is not None:
+            ready_at = run_at if run_at > now else now
+        else:
+            ready_at = now
+        seq = table._next_seq()
+        row = _Row(
+            seq,
+            self,
+            payload,
+            prio,
+            attempts,
+            vis,
+            base,
+            self._opts.backoff_max_s,
+            now,
+            ready_at,
+            None if expires_s is None else now + expires_s,
+            key,
+        )
+        table._rows[seq] = row
+        if key is not None:
+            self._keys[key] = row
+        if row.expires_at is not None:
+            self._expiry.push((row.expires_at, seq, row))
+        self._advance(now)
+        self._place_pending(row, now)
+        self._totals[0] += 1
+        return table._format_id(seq)
+
+    # -- claim ----------------------------------------------------------------------------
+
+    def claim_one(self, worker_id: str) -> JobHandle | None:
+        """``claim_batch(worker_id, 1)``, unpacked."""
+        handles = self.claim_batch(worker_id, 1)
+        return handles[0] if handles else None
+
+    def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
+        """Hand out up to ``n`` claimable jobs in contract order; ``n <= 0`` hands out none.
+
+        Rows the claim meets that have expired or used up their attempts die in it and
+        the claim goes on. Raises ``InvalidArgument`` for an empty ``worker_id``
+        (checked first) or a non-int ``n``.
+        """
+        guard.worker_id(worker_id)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise InvalidArgument("n", f"must be an int, got {type(n).__name__}")
+        if n <= 0 or self._paused:
+            return []
+        now = self._table._now()
+        self._advance(now)
+        handles: list[JobHandle] = []
+        ready = self._ready
+        while len(handles) < n:
+            entry = ready.top()
+            if entry is None:
+                break
+            ready.pop()
+            row: _Row = entry[-1]
+            row._heap = None
+            if row.state is PENDING:
+                self._n_ready -= 1
+            else:  # a lapsed lease: this is a reclaim
+                self._n_processing -= 1
+                self._exhausted.pop(row.seq, None)
+            if row.expires_at is not None and now >= row.expires_at:
+                self._kill(row, EXPIRED, now)
+                continue
+            if row.attempts >= row.max_attempts:
+                self._kill(row, MAX_ATTEMPTS_EXCEEDED, now)
+                continue
+            row.state = PROCESSING
+            row.attempts += 1
+            row.worker_id = worker_id
+            row.lease = self._table._next_lease()
+            row.deadline = now + row.visibility_timeout_s
+            self._n_processing += 1
+            self._push(self._leases, (row.deadline, row.seq, row))
+            handles.append(JobHandle(self, row, self._table._snapshot(row)))
+        return handles
+
+    # -- lease operations -----------------------------------------------------------------
+
+    def _valid(self, row: _Row, lease: str, now: float) -> bool:
+        """The contract's validity predicate (the row's existence is the caller's look-up)."""
+        return (
+            row.state is PROCESSING
+            and row.lease == lease
+            and row.deadline is not None
+            and now < row.deadline
+        )
+
+    def _ack(self, row: _Row, lease: str) -> bool:
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        self._delete(row)
+        self._totals[1] += 1
+        return True
+
+    def _retry(self, row: _Row, lease: str, error: object, delay_s: object) -> bool:
+        delay = guard.optional(guard.nonneg, "delay_s", delay_s)
+        text = guard.error_text("error", error)
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        self._unlink(row)
+        if row.attempts >= row.max_attempts:
+            self._kill(row, text or MAX_ATTEMPTS_EXCEEDED, now)
+            return True
+        if delay is None:
+            delay = self._backoff(row)
+        row.state = PENDING
+        row.worker_id = row.lease = row.deadline = None
+        if text is not None:
+            row.last_error = text
+        row.ready_at = now + delay
+        self._place_pending(row, now)
+        self._totals[2] += 1
+        return True
+
+    def _backoff(self, row: _Row) -> float:
+        """The equal-jitter delay for the claim being retried (contract, "The retry curve")."""
+        exponent = min(row.attempts - 1, _MAX_EXPONENT)
+        exp = min(row.backoff_max_s, row.backoff_base_s * 2.0**exponent)
+        return exp / 2 + self._table._rng.random() * (exp / 2)
+
+    def _fail(self, row: _Row, lease: str, error: object) -> bool:
+        text = guard.error_text("error", error)
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        self._unlink(row)
+        self._kill(row, text or FAILED, now)
+        return True
+
+    def _heartbeat(self, row: _Row, lease: str) -> bool:
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        # The lease heap entry keeps the old, earlier deadline; _advance re-keys it.
+        row.deadline = now + row.visibility_timeout_s
+        return True
+
+    def _lapse(self, row: _Row, lease: str) -> bool:
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        # An earlier deadline cannot be re-keyed lazily: replace the entry.
+        self._leases.forget(row)
+        row.deadline = now
+        self._push(self._leases, (now, row.seq, row))
+        self._advance(now)
+        return True
+
+    def ack_batch(self, items: Iterable[tuple[str, str]]) -> int:
+        """Ack each ``(job_id, lease)`` on its own; return how many landed."""
+        landed = 0
+        for job_id, lease in items:
+            row = self._row(job_id)
+            if row is not None and self._ack(row, lease):
+                landed += 1
+        return landed
+
+    # -- by id ----------------------------------------------------------------------------
+
+    def _row(self, job_id: str) -> _Row | None:
+        row = self._table._lookup(job_id)
+        return row if row is not None and row.queue is self else None
+
+    def get_job(self, job_id: str) -> Job | None:
+        """A snapshot of the job, or ``None`` when it is gone or of another queue."""
+        row = self._row(job_id)
+        if row is None:
+            return None
+        self._advance(self._table._now())
+        return self._table._snapshot(row)
+
+    def cancel(self, job_id: str) -> bool:
+        """Delete the job in whatever state; ``True`` if it existed. Its lease dies with it."""
+        row = self._row(job_id)
+        if row is None:
+            return False
+        self._advance(self._table._now())
+        self._delete(row)
+        self._totals[5] += 1
+        return True
+
+    def redrive(self, job_id: str) -> bool:
+        """Put a dead job back to pending: attempts 0, ready now, ``last_error`` kept."""
+        row = self._row(job_id)
+        if row is None or row.state is not DEAD:
+            return False
+        now = self._table._now()
+        self._advance(now)
+        del self._dead[row.seq]
+        row.state = PENDING
+        row.attempts = 0
+        row.died_at = None
+        row.ready_at = now
+        if row.expires_at is not None:
+            self._expiry.push((row.expires_at, row.seq, row))
+        self._place_pending(row, now)
+        return True
+
+    def purge_dead(self) -> int:
+        """Delete every dead job of this queue; return how many."""
+        rows = list(self._dead.values())
+        for row in rows:
+            self._delete(row)
+        return len(rows)
+
+    # -- time-driven work -----------------------------------------------------------------
+
+    def sweep_expired(self) -> SweepResult:
+        """Kill expired and used-up lapsed rows, delete dead rows past retention."""
+        now = self._table._now()
+        self._advance(now)
+        expired = exhausted = purged = 0
+        expiry = self._expiry
+        while (entry := expiry.top()) is not None and entry[0] <= now:
+            expiry.pop()
+            row: _Row = entry[-1]
+            self._unlink(row)
+            self._kill(row, EXPIRED, now)
+            expired += 1
+        for row in list(self._exhausted.values()):
+            self._unlink(row)
+            self._kill(row, MAX_ATTEMPTS_EXCEEDED, now)
+            exhausted += 1
+        retention = self._opts.dead_letter_retention_s
+        if retention is not None:
+            dead = self._dead
+            while dead:
+                row = next(iter(dead.values()))
+                assert row.died_at is not None
+                if row.died_at + retention > now:
+                    break
+                self._delete(row)
+                purged += 1
+        return SweepResult(expired, exhausted, purged)
+
+    def stats(self) -> QueueStats:
+        """Counts by state and running totals, read from counters."""
+        self._advance(self._table._now())
+        return QueueStats(
+            ready=self._n_ready,
+            scheduled=self._n_scheduled,
+            processing=self._n_processing,
+            dead=len(self._dead),
+            paused=self._paused,
+            totals=QueueTotals(*self._totals),
+        )
+
+    def _next_event_at(self, now: float) -> float | None:
+        """The earliest time this queue needs attention (see ``JobTable.next_event_at``)."""
+        self._advance(now)
+        times = []
+        entry = self._scheduled.top()
+        if entry is not None:
+            times.append(entry[0])
+        entry = self._lease_top()
+        if entry is not None:
+            times.append(entry[0])
+        entry = self._expiry.top()
+        if entry is not None:
+            times.append(entry[0])
+        retention = self._opts.dead_letter_retention_s
+        if retention is not None and self._dead:
+            died_at = next(iter(self._dead.values())).died_at
+            assert died_at is not None
+            times.append(died_at + retention)
+        if self._exhausted:
+            times.append(now)  # used-up lapsed rows wait for a sweep
+        return min(times) if times else None
+
+    # -- the transitions' building blocks -------------------------------------------------
+
+    def _push(self, heap: Heap, entry: tuple[Any, ...]) -> None:
+        heap.push(entry)
+        entry[-1]._heap = heap
+
+    def _place_pending(self, row: _Row, now: float) -> None:
+        """File a pending row under ready or scheduled by its ``ready_at``."""
+        if row.ready_at <= now:
+            self._push(self._ready, (-row.priority, row.ready_at, row.seq, row))
+            self._n_ready += 1
+        else:
+            self._push(self._scheduled, (row.ready_at, row.seq, row))
+            self._n_scheduled += 1
+
+    def _lease_top(self) -> tuple[Any, ...] | None:
+        """The lease heap's top with its key brought up to date after heartbeats."""
+        leases = self._leases
+        while (entry := leases.top()) is not None:
+            row: _Row = entry[-1]
+            assert row.deadline is not None
+            if entry[0] >= row.deadline:
+                return entry
+            leases.pop()
+            self._push(leases, (row.deadline, row.seq, row))
+        return None
+
+    def _advance(self, now: float) -> None:
+        """Move matured scheduled rows and lapsed leases into ``_ready``, each once."""
+        scheduled = self._scheduled
+        ready = self._ready
+        while (entry := scheduled.top()) is not None and entry[0] <= now:
+            scheduled.pop()
+            row: _Row = entry[-1]
+            self._push(ready, (-row.priority, row.ready_at, row.seq, row))
+            self._n_scheduled -= 1
+            self._n_ready += 1
+        while (entry := self._lease_top()) is not None and entry[0] <= now:
+            self._leases.pop()
+            row = entry[-1]
+            # Lapsed at its deadline, which is its ready time for the reclaim. It stays
+            # "processing" (and counted so) until a claim or a sweep meets it.
+            self._push(ready, (-row.priority, row.deadline, row.seq, row))
+            if row.attempts >= row.max_attempts:
+                self._exhausted[row.seq] = row
+
+    def _unlink(self, row: _Row) -> None:
+        """Take a pending, processing or dead row out of its index and counters."""
+        heap = row._heap
+        if heap is not None:
+            heap.forget(row)
+            row._heap = None
+        state = row.state
+        if state is PENDING:
+            if heap is self._ready:
+                self._n_ready -= 1
+            else:
+                self._n_scheduled -= 1
+        elif state is PROCESSING:
+            self._n_processing -= 1
+            self._exhausted.pop(row.seq, None)
+        elif state is DEAD:
+            del self._dead[row.seq]
+
+    def _kill(self, row: _Row, error: str, now: float) -> None:
+        """Move an unlinked row to dead (contract, "Dead letters")."""
+        if row._exp_entry is not None:
+            self._expiry.forget(row)
+        row.state = DEAD
+        row.died_at = now
+        row.last_error = error
+        row.worker_id = row.lease = row.deadline = None
+        self._dead[row.seq] = row
+        self._totals[3] += 1
+        if error == EXPIRED:
+            self._totals[4] += 1
+
+    def _delete(self, row: _Row) -> None:
+        """Remove a row for good (ack, cancel, purge, retention)."""
+        self._unlink(row)
+        if row._exp_entry is not None:
+            self._expiry.forget(row)
+        del self._table._rows[row.seq]
+        if row.key is not None:
+            del self._keys[row.key]
+        row.state = None
+        row.lease = None
+
+
+class JobTable:
+    """The in-memory job table (contract: "The job contract").
+
+    ``clock`` returns now in seconds (default: the wall clock); ``rng`` draws the retry
+    jitter and nothing else. ``id_prefix`` starts every job id (default: random, so ids
+    of two tables differ); ``max_payload_bytes`` bounds an encoded payload. No method
+    sleeps, starts anything or touches I/O: time passes only through ``clock``, and the
+    caller asks ``next_event_at()`` when to come back.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        id_prefix: str | None = None,
+        max_payload_bytes: int = 1 << 20,
+    ) -> None:
+        self._now = clock if clock is not None else _wall_clock
+        self._rng = rng if rng is not None else random.Random()
+        if id_prefix is None:
+            id_prefix = secrets.token_hex(4) + "-"
+        if not isinstance(id_prefix, str):
+            raise InvalidArgument("id_prefix", "must be a string")
+        self.id_prefix = id_prefix
+        self.max_payload_bytes = guard.positive_int("max_payload_bytes", max_payload_bytes)
+        self._queues: dict[str, Queue] = {}
+        self._rows: dict[int, _Row] = {}
+        self._seq = 0
+        self._leases_issued = 0
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def queue(self, name: str, opts: QueueOpts | None = None) -> Queue:
+        """The queue called ``name``, made on first use.
+
+        With ``opts``, they replace the queue's options for later enqueues (stored jobs
+        keep theirs). Raises ``InvalidArgument`` for a bad name or bad options.
+        """
+        guard.queue_name(name)
+        checked = None if opts is None else guard.check_opts(opts)
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = Queue(self, name, checked or QueueOpts())
+        elif checked is not None:
+            queue._opts = checked
+        return queue
+
+    def queues(self) -> list[str]:
+        """The names of every queue made so far, in the order they were made."""
+        return list(self._queues)
+
+    # -- by id alone (the broker gets bare ids) -------------------------------------------
+
+    def get_job(self, job_id: str) -> Job | None:
+        row = self._lookup(job_id)
+        return None if row is None else row.queue.get_job(job_id)
+
+    def cancel(self, job_id: str) -> bool:
+        row = self._lookup(job_id)
+        return row is not None and row.queue.cancel(job_id)
+
+    def redrive(self, job_id: str) -> bool:
+        row = self._lookup(job_id)
+        return row is not None and row.queue.redrive(job_id)
+
+    def ack(self, job_id: str, lease: str) -> bool:
+        row = self._lookup(job_id)
+        return row is not None and row.queue._ack(row, lease)
+
+    def retry(
+        self, job_id: str, lease: str, error: str | None = None, delay_s: float | None = None
+    ) -> bool:
+        row = self._lookup(job_id)
+        if row is None:
+            # The guards hold for unknown ids too: a bad argument is never "False".
+            guard.optional(guard.nonneg, "delay_s", delay_s)
+            guard.error_text("error", error)
+            return False
+        return row.queue._retry(row, lease, error, delay_s)
+
+    def fail(self, job_id: str, lease: str, error: str | None = None) -> bool:
+        row = self._lookup(job_id)
+        if row is None:
+            guard.error_text("error", error)
+            return False
+        return row.queue._fail(row, lease, error)
+
+    def heartbeat(self, job_id: str, lease: str) -> bool:
+        row = self._lookup(job_id)
+        return row is not None and row.queue._heartbeat(row, lease)
+
+    def lapse(self, job_id: str, lease: str) -> bool:
+        """End a valid lease now: the job is reclaimable at once, its attempt consumed."""
+        row = self._lookup(job_id)
+        return row is not None and row.queue._lapse(row, lease)
+
+    # -- time-driven work -----------------------------------------------------------------
+
+    def sweep_expired(self) -> SweepResult:
+        """``sweep_expired()`` on every queue, summed."""
+        total = SweepResult()
+        for queue in self._queues.values():
+            total = total + queue.sweep_expired()
+        return total
+
+    def next_event_at(self) -> float | None:
+        """The earliest time anything timed happens, or ``None`` if nothing is timed.
+
+        That is the earliest of: a scheduled job maturing, a lease lapsing, a job
+        expiring, a dead row's retention ending. A time at or before now means a sweep
+        is due now. Jobs already claimable are not events: the caller claims them when
+        it has room. O(queues).
+        """
+        now = self._now()
+        best: float | None = None
+        for queue in self._queues.values():
+            t = queue._next_event_at(now)
+            if t is not None and (best is None or t < best):
+                best = t
+        return best
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _next_lease(self) -> str:
+        self._leases_issued += 1
+        return f"{self.id_prefix}L{self._leases_issued:x}"
+
+    def _format_id(self, seq: int) -> str:
+        return f"{self.id_prefix}{seq:x}"
+
+    def _lookup(self, job_id: object) -> _Row | None:
+        """The live row an id names, or ``None`` (any malformed id names nothing)."""
+        if not isinstance(job_id, str) or not job_id.startswith(self.id_prefix):
+            return None
+        digits = job_id[len(self.id_prefix) :]
+        # int() would also take "+1f", " 1f", "1_f" and "0x1f": insist on the canonical form.
+        if not digits or digits[0] == "0" or not all(c in "0123456789abcdef" for c in digits):
+            return None
+        return self._rows.get(int(digits, 16))
+
+    def _snapshot(self, row: _Row) -> Job:
+        state = row.state
+        assert state is not None
+        return Job(
+            id=self._format_id(row.seq),
+            queue=row.queue.name,
+            state=state,
+            payload_json=row.payload,
+            priority=row.priority,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            visibility_timeout_s=row.visibility_timeout_s,
+            backoff_base_s=row.backoff_base_s,
+            backoff_max_s=row.backoff_max_s,
+            enqueued_at=row.enqueued_at,
+            ready_at=row.ready_at,
+            expires_at=row.expires_at,
+            worker_id=row.worker_id,
+            deadline=row.deadline,
+            last_error=row.last_error,
+            died_at=row.died_at,
+            key=row.key,
+            seq=row.seq,
+        )

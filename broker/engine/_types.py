@@ -1,0 +1,149 @@
+"""Value types of the engine: options, snapshots and results. All immutable."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "Job",
+    "JobState",
+    "NewJob",
+    "QueueOpts",
+    "QueueStats",
+    "QueueTotals",
+    "RawJSON",
+    "SweepResult",
+]
+
+
+class JobState(StrEnum):
+    """Where a job stands. Acked and cancelled jobs are gone, so they have no state."""
+
+    # In by enqueue, a retry with attempts left, or a redrive; out by a claim, cancel or death.
+    PENDING = "pending"
+    # In by a claim (or a reclaim of a lapsed lease); out by ack, retry, fail, cancel or death.
+    PROCESSING = "processing"
+    # In by fail, used-up attempts or expiry; out by redrive, purge, retention or cancel.
+    DEAD = "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOpts:
+    """A queue's defaults for the jobs enqueued on it (contract, "Options").
+
+    Checked by ``JobTable.queue()``, which raises ``InvalidArgument`` for a bad one.
+    """
+
+    visibility_timeout_s: float = 300.0
+    max_attempts: int = 3
+    backoff_base_s: float = 5.0
+    backoff_max_s: float = 3600.0
+    expires_s: float | None = None
+    dead_letter_retention_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RawJSON:
+    """A payload already encoded as JSON, stored as these bytes without re-encoding.
+
+    The caller vouches that ``data`` is one strict JSON value in UTF-8 (the broker
+    passes what its JSON decoder accepted); the engine checks only its size.
+    """
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """One job of ``Queue.enqueue_batch``: a payload and the same options as ``enqueue``."""
+
+    payload: Any
+    priority: int = 0
+    delay_s: float | None = None
+    run_at: float | None = None
+    expires_s: float | None = None
+    visibility_timeout_s: float | None = None
+    max_attempts: int | None = None
+    backoff_base_s: float | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A snapshot of one job, with the contract's fields. Changing it changes nothing."""
+
+    id: str
+    queue: str
+    state: JobState
+    payload_json: bytes
+    priority: int
+    attempts: int
+    max_attempts: int
+    visibility_timeout_s: float
+    backoff_base_s: float
+    backoff_max_s: float
+    enqueued_at: float
+    ready_at: float
+    expires_at: float | None
+    worker_id: str | None
+    deadline: float | None
+    last_error: str | None
+    died_at: float | None
+    key: str | None
+    seq: int
+
+    @property
+    def payload(self) -> Any:
+        """The payload as a JSON value, decoded afresh at each access (a private copy)."""
+        return json.loads(self.payload_json)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTotals:
+    """Running totals of a queue since the table was made."""
+
+    enqueued: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    expired: int = 0
+    cancelled: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A queue's counts, read from counters (never by walking jobs).
+
+    ``ready`` and ``scheduled`` split the pending jobs by ``ready_at <= now``. A job
+    whose lease lapsed but that nobody has reclaimed yet still counts as processing.
+    """
+
+    ready: int
+    scheduled: int
+    processing: int
+    dead: int
+    paused: bool
+    totals: QueueTotals = field(default_factory=QueueTotals)
+
+    @property
+    def pending(self) -> int:
+        return self.ready + self.scheduled
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """What one ``sweep_expired()`` did: rows expired, rows whose attempts ran out, rows purged."""
+
+    expired: int = 0
+    exhausted: int = 0
+    purged: int = 0
+
+    def __add__(self, other: SweepResult) -> SweepResult:
+        return SweepResult(
+            self.expired + other.expired,
+            self.exhausted + other.exhausted,
+            self.purged + other.purged,
+        )
