@@ -8,9 +8,10 @@ Exceptions::
 
     ValueError
      └── InvalidArgument   a bad argument; .field names it; nothing changed
+          └── PayloadTooLarge   the encoded payload is over max_payload_bytes
 """
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, PayloadTooLarge
 from ._table import JobHandle, JobTable, Queue
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
@@ -21,6 +22,7 @@ __all__ = [
     "JobState",
     "JobTable",
     "NewJob",
+    "PayloadTooLarge",
     "Queue",
     "QueueOpts",
     "QueueStats",

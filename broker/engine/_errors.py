@@ -11,7 +11,7 @@ exception: those operations answer ``False`` or ``None``, as the contract says.
 
 from __future__ import annotations
 
-__all__ = ["InvalidArgument"]
+__all__ = ["InvalidArgument", "PayloadTooLarge"]
 
 
 class InvalidArgument(ValueError):
@@ -26,4 +26,10 @@ class InvalidArgument(ValueError):
 
     def within(self, prefix: str) -> InvalidArgument:
         """The same error, its field placed under ``prefix`` (``jobs[3]`` + ``.priority``)."""
-        return InvalidArgument(f"{prefix}.{self.field}", self.problem)
+        return type(self)(f"{prefix}.{self.field}", self.problem)
+
+
+class PayloadTooLarge(InvalidArgument):
+    """The encoded payload is over the table's ``max_payload_bytes``."""
+
+    code = "too_large"

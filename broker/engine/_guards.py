@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from ._errors import InvalidArgument
+from ._errors import InvalidArgument, PayloadTooLarge
 from ._types import QueueOpts, RawJSON
 
 __all__ = [
@@ -202,7 +202,7 @@ def encode_payload(payload: object, limit: int) -> bytes:
         except UnicodeEncodeError:
             raise InvalidArgument("payload", "holds a string that is not valid Unicode") from None
     if len(data) > limit:
-        raise InvalidArgument(
+        raise PayloadTooLarge(
             "payload", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"
         )
     return data
