@@ -201,6 +201,8 @@ def encode_payload(payload: object, limit: int) -> bytes:
             ).encode("utf-8")
         except UnicodeEncodeError:
             raise InvalidArgument("payload", "holds a string that is not valid Unicode") from None
+        except ValueError as exc:  # e.g. an int too long to convert to text
+            raise InvalidArgument("payload", f"cannot be encoded as JSON: {exc}") from None
     if len(data) > limit:
         raise PayloadTooLarge(
             "payload", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"

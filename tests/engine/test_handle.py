@@ -1,0 +1,394 @@
+"""Contract, "Handle operations": the validity predicate, ack, retry, fail, heartbeat."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from broker.engine import InvalidArgument, JobHandle, JobState, JobTable, QueueOpts
+
+if TYPE_CHECKING:
+    from conftest import ManualClock
+
+START = 1000.0  # where the conftest's ManualClock starts
+
+
+def claimed(table: JobTable, **opts: Any) -> JobHandle:
+    q = table.queue("q", QueueOpts(**opts)) if opts else table.queue("q")
+    q.enqueue({"n": 1})
+    h = q.claim_one("w")
+    assert h is not None
+    return h
+
+
+def snapshot(table: JobTable, job_id: str) -> Any:
+    job = table.get_job(job_id)
+    assert job is not None
+    return job
+
+
+# --- the validity predicate --------------------------------------------------------------
+
+
+def test_lease_lapses_exactly_at_the_deadline(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10)
+    clock.set(START + 10)  # now == deadline
+    before = snapshot(table, h.id)
+    assert h.heartbeat() is False
+    assert h.ack() is False
+    assert h.retry("e") is False
+    assert h.fail("e") is False
+    assert table.ack(h.id, h.lease) is False
+    assert snapshot(table, h.id) == before
+    assert before.state == JobState.PROCESSING
+
+
+def test_lease_valid_just_before_the_deadline(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10)
+    clock.set(START + 9.75)
+    assert h.ack() is True
+    assert table.get_job(h.id) is None
+
+
+@pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat", "lapse"])
+def test_wrong_lease_is_refused_and_changes_nothing(table: JobTable, op: str) -> None:
+    h = claimed(table)
+    before = snapshot(table, h.id)
+    assert getattr(table, op)(h.id, h.lease + "x") is False
+    assert getattr(table, op)(h.id, "") is False
+    assert snapshot(table, h.id) == before
+    assert h.ack() is True
+
+
+@pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat", "lapse"])
+def test_unknown_id_is_refused(table: JobTable, op: str) -> None:
+    h = claimed(table)
+    assert getattr(table, op)("no-such-job", h.lease) is False
+    assert h.heartbeat() is True
+
+
+def test_other_queues_id_is_unknown_to_queue_ops(table: JobTable) -> None:
+    h = claimed(table)
+    other = table.queue("other")
+    assert other.ack_batch([(h.id, h.lease)]) == 0
+    assert other.get_job(h.id) is None
+    assert other.cancel(h.id) is False
+    assert other.redrive(h.id) is False
+    assert snapshot(table, h.id).state == JobState.PROCESSING
+    assert h.ack() is True
+
+
+# --- heartbeat ---------------------------------------------------------------------------
+
+
+def test_heartbeat_is_an_absolute_reset(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10)
+    clock.set(START + 4)
+    assert h.heartbeat() is True
+    assert snapshot(table, h.id).deadline == START + 14
+    assert h.heartbeat() is True  # repeatable, and not additive
+    assert h.heartbeat() is True
+    assert snapshot(table, h.id).deadline == START + 14
+    clock.set(START + 13.5)
+    assert h.heartbeat() is True
+    assert snapshot(table, h.id).deadline == START + 23.5
+    clock.set(START + 23.25)
+    assert table.heartbeat(h.id, h.lease) is True
+    assert snapshot(table, h.id).deadline == START + 33.25
+    assert snapshot(table, h.id).attempts == 1
+    clock.set(START + 33.25)
+    assert h.heartbeat() is False
+
+
+def test_heartbeat_uses_the_jobs_own_visibility(table: JobTable, clock: ManualClock) -> None:
+    q = table.queue("q", QueueOpts(visibility_timeout_s=10))
+    q.enqueue(1, visibility_timeout_s=2.5)
+    h = q.claim_one("w")
+    assert h is not None
+    assert h.job.deadline == START + 2.5
+    clock.advance(2)
+    assert h.heartbeat() is True
+    assert snapshot(table, h.id).deadline == START + 4.5
+
+
+# --- one-shot terminal operations --------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["ack", "retry", "fail"])
+def test_terminal_operations_are_one_shot(table: JobTable, first: str) -> None:
+    h = claimed(table, max_attempts=5)
+    assert getattr(h, first)() is True
+    after = table.get_job(h.id)
+    assert h.ack() is False
+    assert h.retry() is False
+    assert h.retry("e", delay_s=0) is False
+    assert h.fail("e") is False
+    assert h.heartbeat() is False
+    assert table.lapse(h.id, h.lease) is False
+    assert table.get_job(h.id) == after
+
+
+def test_old_lease_stays_dead_after_the_job_is_claimed_again(
+    table: JobTable, clock: ManualClock
+) -> None:
+    q = table.queue("q", QueueOpts(max_attempts=5))
+    q.enqueue(1)
+    h1 = q.claim_one("w1")
+    assert h1 is not None
+    assert h1.retry(delay_s=0) is True
+    h2 = q.claim_one("w2")
+    assert h2 is not None
+    assert h2.id == h1.id
+    assert h1.ack() is False
+    assert h1.heartbeat() is False
+    assert h2.ack() is True
+
+
+# --- ack ---------------------------------------------------------------------------------
+
+
+def test_ack_deletes_the_job(table: JobTable) -> None:
+    h = claimed(table)
+    q = table.queue("q")
+    assert h.ack() is True
+    assert table.get_job(h.id) is None
+    assert q.get_job(h.id) is None
+    s = q.stats()
+    assert (s.processing, s.pending, s.dead, s.totals.completed) == (0, 0, 0, 1)
+
+
+# --- retry -------------------------------------------------------------------------------
+
+
+def test_retry_returns_job_to_pending(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, max_attempts=3)
+    clock.set(START + 3)
+    assert h.retry("boom", delay_s=7.5) is True
+    job = snapshot(table, h.id)
+    assert job.state == JobState.PENDING
+    assert job.ready_at == START + 10.5
+    assert job.last_error == "boom"
+    assert (job.worker_id, job.deadline, job.died_at) == (None, None, None)
+    assert job.attempts == 1
+    q = table.queue("q")
+    assert (q.stats().scheduled, q.stats().totals.retried) == (1, 1)
+    clock.set(START + 10.25)
+    assert q.claim_one("w") is None
+    clock.set(START + 10.5)
+    h2 = q.claim_one("w")
+    assert h2 is not None
+    assert h2.job.attempts == 2
+
+
+def test_retry_delay_zero_is_ready_now(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table)
+    clock.set(START + 1)
+    assert h.retry(delay_s=0) is True
+    assert snapshot(table, h.id).ready_at == START + 1
+    assert table.queue("q").stats().ready == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [("boom", "boom"), (None, "max attempts exceeded"), ("", "max attempts exceeded")],
+)
+def test_retry_at_max_attempts_dies(
+    table: JobTable, clock: ManualClock, error: str | None, expected: str
+) -> None:
+    h = claimed(table, max_attempts=1)
+    clock.set(START + 2)
+    assert h.retry(error, delay_s=0) is True
+    job = snapshot(table, h.id)
+    assert job.state == JobState.DEAD
+    assert job.last_error == expected
+    assert job.died_at == START + 2
+    assert (job.worker_id, job.deadline) == (None, None)
+    q = table.queue("q")
+    assert (q.stats().dead, q.stats().pending, q.stats().totals.dead) == (1, 0, 1)
+    assert q.claim_one("w") is None
+
+
+def test_retry_on_the_last_attempt_after_reclaims_dies(table: JobTable, clock: ManualClock) -> None:
+    q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=2))
+    q.enqueue(1)
+    assert q.claim_one("w") is not None
+    clock.advance(10)
+    h = q.claim_one("w")
+    assert h is not None
+    assert h.retry("late") is True
+    job = snapshot(table, h.id)
+    assert (job.state, job.last_error, job.attempts) == (JobState.DEAD, "late", 2)
+
+
+def test_retry_keeps_last_error_when_none_or_empty(table: JobTable) -> None:
+    q = table.queue("q", QueueOpts(max_attempts=10))
+    job_id = q.enqueue(1)
+    for error, expected in [("e1", "e1"), (None, "e1"), ("", "e1"), ("e2", "e2"), (None, "e2")]:
+        h = q.claim_one("w")
+        assert h is not None
+        assert h.retry(error, delay_s=0) is True
+        assert snapshot(table, job_id).last_error == expected
+
+
+def test_retry_with_no_error_ever_leaves_last_error_none(table: JobTable) -> None:
+    h = claimed(table)
+    assert h.retry(delay_s=0) is True
+    assert snapshot(table, h.id).last_error is None
+
+
+@pytest.mark.parametrize(
+    "delay", [float("nan"), -1, -0.001, float("inf"), float("-inf"), True, "1"]
+)
+def test_retry_delay_guard_raises_and_changes_nothing(
+    table: JobTable, rng: Any, delay: Any
+) -> None:
+    h = claimed(table, max_attempts=3)
+    before = snapshot(table, h.id)
+    state = rng.getstate()
+    with pytest.raises(InvalidArgument) as info:
+        h.retry("e", delay_s=delay)
+    assert info.value.field == "delay_s"
+    with pytest.raises(InvalidArgument):
+        table.retry(h.id, h.lease, error="e", delay_s=delay)
+    assert snapshot(table, h.id) == before
+    assert rng.getstate() == state
+    assert table.queue("q").stats().totals.retried == 0
+    assert h.ack() is True  # the lease is still good
+
+
+def test_retry_delay_guard_raises_even_when_lease_is_invalid(
+    table: JobTable, clock: ManualClock
+) -> None:
+    h = claimed(table, visibility_timeout_s=10)
+    clock.advance(10)
+    with pytest.raises(InvalidArgument):
+        h.retry(delay_s=-1)
+    with pytest.raises(InvalidArgument):
+        table.retry("no-such-job", "lease", delay_s=float("nan"))
+
+
+def test_retry_at_max_attempts_still_guards_delay(table: JobTable) -> None:
+    h = claimed(table, max_attempts=1)
+    with pytest.raises(InvalidArgument):
+        h.retry("e", delay_s=float("inf"))
+    assert snapshot(table, h.id).state == JobState.PROCESSING
+
+
+# --- fail --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("error", "expected"), [("bad", "bad"), (None, "failed"), ("", "failed")])
+def test_fail_dies_at_once(
+    table: JobTable, clock: ManualClock, error: str | None, expected: str
+) -> None:
+    h = claimed(table, max_attempts=5)
+    clock.set(START + 1.5)
+    assert h.fail(error) is True
+    job = snapshot(table, h.id)
+    assert job.state == JobState.DEAD
+    assert job.last_error == expected
+    assert job.died_at == START + 1.5
+    assert job.attempts == 1
+    assert (job.worker_id, job.deadline) == (None, None)
+    q = table.queue("q")
+    assert (q.stats().dead, q.stats().processing, q.stats().totals.dead) == (1, 0, 1)
+
+
+def test_fail_overwrites_an_earlier_error(table: JobTable) -> None:
+    q = table.queue("q")
+    q.enqueue(1)
+    h = q.claim_one("w")
+    assert h is not None
+    h.retry("first", delay_s=0)
+    h = q.claim_one("w")
+    assert h is not None
+    assert h.fail() is True
+    assert snapshot(table, h.id).last_error == "failed"
+
+
+# --- ack_batch ---------------------------------------------------------------------------
+
+
+def test_ack_batch_counts_only_valid_entries(table: JobTable, clock: ManualClock) -> None:
+    q = table.queue("q", QueueOpts(visibility_timeout_s=10))
+    other = table.queue("other")
+    a, b, c, d = (q.enqueue(x) for x in "abcd")
+    q.enqueue("short", visibility_timeout_s=5)
+    hs = {h.job.payload: h for h in q.claim_batch("w", 5)}
+    foreign = other.enqueue("f")
+    hf = other.claim_one("w")
+    assert hf is not None
+    clock.set(START + 5)  # "short" lapses exactly now
+    entries = [
+        (a, hs["a"].lease),
+        (a, hs["a"].lease),  # a duplicate of one entry lands once
+        (b, hs["c"].lease),  # foreign lease
+        (hs["short"].id, hs["short"].lease),  # lapsed
+        ("no-such-job", hs["d"].lease),
+        (foreign, hf.lease),  # another queue's job
+        (d, hs["d"].lease),
+    ]
+    assert q.ack_batch(entries) == 2
+    assert q.get_job(a) is None
+    assert q.get_job(d) is None
+    assert q.get_job(b).state == JobState.PROCESSING  # type: ignore[union-attr]
+    assert q.get_job(c).state == JobState.PROCESSING  # type: ignore[union-attr]
+    assert q.get_job(hs["short"].id).state == JobState.PROCESSING  # type: ignore[union-attr]
+    assert other.get_job(foreign).state == JobState.PROCESSING  # type: ignore[union-attr]
+    assert q.stats().totals.completed == 2
+    assert q.ack_batch([]) == 0
+    assert q.ack_batch([(b, hs["b"].lease), (c, hs["c"].lease)]) == 2
+
+
+# --- lapse -------------------------------------------------------------------------------
+
+
+def test_lapse_makes_the_job_reclaimable_at_once(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10, max_attempts=3)
+    clock.set(START + 3)
+    assert table.lapse(h.id, h.lease) is True
+    job = snapshot(table, h.id)
+    assert (job.state, job.deadline, job.attempts) == (JobState.PROCESSING, START + 3, 1)
+    assert h.ack() is False
+    assert h.heartbeat() is False
+    assert table.lapse(h.id, h.lease) is False
+    h2 = table.queue("q").claim_one("w2")
+    assert h2 is not None
+    assert (h2.id, h2.job.attempts, h2.job.deadline) == (h.id, 2, START + 13)
+
+
+def test_lapse_of_last_attempt_dies_at_next_claim(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10, max_attempts=1)
+    clock.set(START + 3)
+    assert table.lapse(h.id, h.lease) is True
+    assert table.queue("q").claim_one("w2") is None
+    job = snapshot(table, h.id)
+    assert (job.state, job.last_error, job.died_at) == (
+        JobState.DEAD,
+        "max attempts exceeded",
+        START + 3,
+    )
+
+
+def test_lapse_of_lapsed_lease_is_refused(table: JobTable, clock: ManualClock) -> None:
+    h = claimed(table, visibility_timeout_s=10)
+    clock.set(START + 10)
+    assert table.lapse(h.id, h.lease) is False
+    assert snapshot(table, h.id).deadline == START + 10
+
+
+# --- table-level ops by id alone ---------------------------------------------------------
+
+
+def test_table_ops_by_id_match_the_handle(table: JobTable) -> None:
+    q = table.queue("q", QueueOpts(max_attempts=5))
+    ids = [q.enqueue(i) for i in range(3)]
+    h0, h1, h2 = q.claim_batch("w", 3)
+    assert table.ack(h0.id, h0.lease) is True
+    assert table.retry(h1.id, h1.lease, error="e", delay_s=0) is True
+    assert table.fail(h2.id, h2.lease, error="f") is True
+    assert table.get_job(ids[0]) is None
+    assert snapshot(table, ids[1]).state == JobState.PENDING
+    assert snapshot(table, ids[1]).last_error == "e"
+    assert snapshot(table, ids[2]).last_error == "f"
