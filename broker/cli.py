@@ -1,0 +1,80 @@
+"""The ``conveyor`` command (and ``python -m broker``).
+
+``conveyor serve`` runs the broker; its flags are in ``broker.config``. The exit
+status is 0 after a clean stop, 2 for a bad setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .config import ConfigError, add_serve_arguments, config_from_args
+from .server import Broker, serve_until_signalled
+
+__all__ = ["main"]
+
+log = logging.getLogger("conveyor")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # websockets logs its own view of peer faults; ours are enough.
+    logging.getLogger("websockets").setLevel(logging.CRITICAL)
+    if not config.tokens and not _is_loopback(config.host):
+        log.warning(
+            "!!! conveyor is bound to %s with NO TOKENS: anyone who can reach this port "
+            "may enqueue, take and delete jobs. Set --admin-token/--publish-token/"
+            "--work-token/--read-token (or CONVEYOR_*_TOKENS). !!!",
+            config.host,
+        )
+
+    def ready(broker: Broker) -> None:
+        print(f"conveyor listening on {broker.url} (store: {config.store})", flush=True)
+
+    try:
+        asyncio.run(serve_until_signalled(config, ready))
+    except OSError as exc:
+        print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="conveyor",
+        description="Conveyor: a job queue broker that pushes work over WebSockets.",
+    )
+    parser.add_argument("--version", action="version", version=f"conveyor {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the broker")
+    add_serve_arguments(serve)
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.run(args)
+    return result

@@ -1,0 +1,224 @@
+"""The broker's settings: flags, ``CONVEYOR_*`` environment variables, defaults.
+
+Precedence: a command-line flag, then its environment variable, then the default.
+Per-queue options come from a TOML file (``--queues FILE``) of the form::
+
+    [queues.emails]
+    visibility_timeout_s = 60
+    max_attempts = 5
+
+``load_queue_opts`` raises ``ConfigError`` with the file, queue and field named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sdk._wire import Role
+
+from .engine import InvalidArgument, JobTable, QueueOpts
+
+__all__ = ["Config", "ConfigError", "add_serve_arguments", "config_from_args", "load_queue_opts"]
+
+ROLES = ("admin", "publish", "work", "read")
+
+
+class ConfigError(Exception):
+    """A setting is wrong; the message names it. The broker does not start."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything ``conveyor serve`` can be told. Defaults suit a laptop on loopback."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    store: str = "memory"
+    tokens: Mapping[str, frozenset[Role]] = field(default_factory=dict)
+    origins: Sequence[str] = ()
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    ping_interval_s: float = 20.0
+    ping_timeout_s: float = 20.0
+    max_frame_bytes: int = 1 << 20
+    max_payload_bytes: int = 1 << 20
+    sweep_interval_s: float = 1.0
+    disconnect_grace_s: float = 5.0
+    queue_opts: Mapping[str, QueueOpts] = field(default_factory=dict)
+    log_level: str = "info"
+    max_prefetch: int = 1000
+    max_batch: int = 1000
+    max_connections_per_token: int = 10_000
+    handshake_timeout_s: float = 10.0
+    # Bad frames in a row after which a connection is closed with 1008.
+    max_bad_frames: int = 10
+    # Frames a connection may have waiting to be written before it is dropped as too slow.
+    max_outbox_frames: int = 4096
+
+    @property
+    def secure(self) -> bool:
+        return self.tls_cert is not None
+
+    def roles_for(self, token: str | None) -> frozenset[Role] | None:
+        """The roles a token grants; every role when no tokens are set; ``None``: refused."""
+        if not self.tokens:
+            return frozenset(Role)
+        if token is None:
+            return frozenset()
+        return self.tokens.get(token)
+
+    def apply_queue_opts(self, table: JobTable) -> None:
+        for name, opts in self.queue_opts.items():
+            table.queue(name, opts)
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(f"CONVEYOR_{name}")
+    return value if value else None
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``conveyor serve``; each defaults to its ``CONVEYOR_*`` variable."""
+    add = parser.add_argument
+    add("--host", help="address to bind (env CONVEYOR_HOST; default 127.0.0.1)")
+    add("--port", type=int, help="port to bind, 0 for any free one (CONVEYOR_PORT; 8765)")
+    add("--store", choices=["memory"], help="where the job table lives (CONVEYOR_STORE)")
+    for role in ROLES:
+        add(
+            f"--{role}-token",
+            action="append",
+            metavar="TOKEN",
+            help=f"a token granting the {role} role; repeatable "
+            f"(CONVEYOR_{role.upper()}_TOKENS, comma-separated)",
+        )
+    add("--origin", action="append", help="another allowed browser Origin (CONVEYOR_ORIGINS)")
+    add("--tls-cert", help="TLS certificate chain, PEM (CONVEYOR_TLS_CERT)")
+    add("--tls-key", help="TLS private key, PEM (CONVEYOR_TLS_KEY)")
+    add("--ping-interval", type=float, help="seconds between keepalive pings (20)")
+    add("--ping-timeout", type=float, help="seconds to wait for a pong (20)")
+    add("--max-frame-bytes", type=int, help="largest frame accepted (1048576)")
+    add("--max-payload-bytes", type=int, help="largest encoded payload (1048576)")
+    add("--sweep-interval", type=float, help="seconds between expiry sweeps (1)")
+    add("--disconnect-grace", type=float, help="seconds a dropped worker's jobs wait (5)")
+    add("--queues", metavar="FILE", help="TOML file of per-queue options (CONVEYOR_QUEUES)")
+    add("--log-level", choices=["debug", "info", "warning", "error"], help="(info)")
+
+
+def _pick(flag: Any, env: str, convert: Any, default: Any) -> Any:
+    if flag is not None:
+        return flag
+    raw = _env(env)
+    if raw is None:
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        raise ConfigError(f"CONVEYOR_{env}: cannot read {raw!r} as {convert.__name__}") from None
+
+
+def _tokens(args: argparse.Namespace) -> dict[str, frozenset[Role]]:
+    tokens: dict[str, set[Role]] = {}
+    for role in ROLES:
+        given = getattr(args, f"{role}_token") or []
+        env = _env(f"{role.upper()}_TOKENS")
+        if env:
+            given = [*given, *(t.strip() for t in env.split(",") if t.strip())]
+        for token in given:
+            if not token:
+                raise ConfigError(f"--{role}-token: a token must not be empty")
+            granted = tokens.setdefault(token, set())
+            # admin may do everything: it includes every other role.
+            granted.update(Role) if role == "admin" else granted.add(Role(role))
+    return {token: frozenset(roles) for token, roles in tokens.items()}
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    """A ``Config`` from parsed ``serve`` flags and the environment; raises ``ConfigError``."""
+    origins = list(args.origin or [])
+    env_origins = _env("ORIGINS")
+    if env_origins:
+        origins += [o.strip() for o in env_origins.split(",") if o.strip()]
+    queues_file = _pick(args.queues, "QUEUES", str, None)
+    config = Config(
+        host=_pick(args.host, "HOST", str, "127.0.0.1"),
+        port=_pick(args.port, "PORT", int, 8765),
+        store=_pick(args.store, "STORE", str, "memory"),
+        tokens=_tokens(args),
+        origins=tuple(origins),
+        tls_cert=_pick(args.tls_cert, "TLS_CERT", str, None),
+        tls_key=_pick(args.tls_key, "TLS_KEY", str, None),
+        ping_interval_s=_pick(args.ping_interval, "PING_INTERVAL", float, 20.0),
+        ping_timeout_s=_pick(args.ping_timeout, "PING_TIMEOUT", float, 20.0),
+        max_frame_bytes=_pick(args.max_frame_bytes, "MAX_FRAME_BYTES", int, 1 << 20),
+        max_payload_bytes=_pick(args.max_payload_bytes, "MAX_PAYLOAD_BYTES", int, 1 << 20),
+        sweep_interval_s=_pick(args.sweep_interval, "SWEEP_INTERVAL", float, 1.0),
+        disconnect_grace_s=_pick(args.disconnect_grace, "DISCONNECT_GRACE", float, 5.0),
+        queue_opts=load_queue_opts(Path(queues_file)) if queues_file else {},
+        log_level=_pick(args.log_level, "LOG_LEVEL", str, "info"),
+    )
+    check(config)
+    return config
+
+
+def check(config: Config) -> None:
+    """Raise ``ConfigError`` for a setting out of range."""
+    if config.store != "memory":
+        raise ConfigError(f"store: unknown store {config.store!r} (choose: memory)")
+    if not 0 <= config.port <= 65535:
+        raise ConfigError(f"port: must be 0 to 65535, got {config.port}")
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ConfigError("tls: give both --tls-cert and --tls-key, or neither")
+    for name in ("ping_interval_s", "ping_timeout_s", "sweep_interval_s"):
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{name}: must be > 0, got {getattr(config, name)}")
+    if not config.disconnect_grace_s >= 0:
+        raise ConfigError(f"disconnect_grace_s: must be >= 0, got {config.disconnect_grace_s}")
+    for name in ("max_frame_bytes", "max_payload_bytes"):
+        if getattr(config, name) < 1024:
+            raise ConfigError(f"{name}: must be at least 1024, got {getattr(config, name)}")
+    if config.log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level: unknown level {config.log_level!r}")
+
+
+def load_queue_opts(path: Path) -> dict[str, QueueOpts]:
+    """Per-queue options from a TOML file; raises ``ConfigError`` naming what is wrong."""
+    try:
+        with path.open("rb") as file:
+            data = tomllib.load(file)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    unknown = set(data) - {"queues"}
+    if unknown:
+        raise ConfigError(
+            f"{path}: unknown top-level key {sorted(unknown)[0]!r}; use [queues.NAME]"
+        )
+    queues = data.get("queues", {})
+    if not isinstance(queues, dict):
+        raise ConfigError(f"{path}: 'queues' must be a table of [queues.NAME] tables")
+    known = {f.name for f in fields(QueueOpts)}
+    result = {}
+    probe = JobTable(clock=lambda: 0.0)
+    for name, table in queues.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: [queues.{name}] must be a table")
+        extra = set(table) - known
+        if extra:
+            raise ConfigError(
+                f"{path}: [queues.{name}] {sorted(extra)[0]}: unknown option "
+                f"(known: {', '.join(sorted(known))})"
+            )
+        try:
+            opts = QueueOpts(**table)
+            probe.queue(name, opts)  # the engine's own guards, so the messages match
+        except InvalidArgument as exc:
+            raise ConfigError(f"{path}: [queues.{name}] {exc}") from None
+        result[name] = opts
+    return result

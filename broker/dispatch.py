@@ -1,0 +1,337 @@
+"""The dispatcher: which subscribed worker gets which claimable job, and when.
+
+It sits between the server (connections, frames) and the engine (the job table). It
+owns no job state: it claims through the engine and remembers only which connection
+holds which lease, so that it can honour ``prefetch``, tell a worker its job was
+cancelled, and let a dropped worker's jobs lapse after the disconnect grace.
+
+Theory of operation
+-------------------
+Work happens in *passes*. Anything that may make a job claimable or free a worker's
+slot (an enqueue, an ack, a subscribe, a resume, a timer) records what changed and
+calls ``kick()``, which schedules one pass with ``loop.call_soon``; everything that
+happened meanwhile is handled by that single pass, and every worker gets at most one
+``jobs`` frame per pass (split only to keep frames small).
+
+A pass serves, in this order:
+
+1. Workers that just gained free slots: each is filled from its queues in its strict
+   order (docs/protocol.md, "subscribe").
+2. Queues that may have gained claimable jobs: the hungry workers waiting on such a
+   queue are served one job at a time, round-robin, until the queue runs dry or
+   nobody waits. A worker is always filled from its own ordered list, so an earlier
+   queue's job still goes first.
+
+Hungry workers wait in one ordered set per queue, so a pass costs O(jobs handed out
++ queues touched), never O(connected workers): 10,000 idle workers cost nothing
+until work arrives. After each pass the timer is set for ``table.next_event_at()``,
+so a delayed job or a lapsing lease is pushed on time without polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sdk._wire import cancelled_push, jobs_push, pushed_job
+
+from .engine import JobHandle, JobTable, Queue
+
+__all__ = ["Dispatcher", "Subscription"]
+
+log = logging.getLogger("conveyor.dispatch")
+
+# Split a worker's jobs frame once its payloads pass this many bytes, so that no frame
+# comes near a client's frame-size limit (1 MiB by default in most WebSocket clients).
+_FRAME_PAYLOAD_BUDGET = 256 * 1024
+
+
+class Subscription:
+    """One worker connection's subscription: its queues, its window, its leases."""
+
+    __slots__ = ("in_flight", "prefetch", "queues", "send", "worker_id")
+
+    def __init__(
+        self,
+        worker_id: str,
+        queues: list[Queue],
+        prefetch: int,
+        send: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.queues = queues
+        self.prefetch = prefetch
+        self.send = send  # queues one frame on the connection; never blocks
+        self.in_flight: dict[str, str] = {}  # lease -> job id
+
+    @property
+    def free(self) -> int:
+        return self.prefetch - len(self.in_flight)
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.worker_id} {len(self.in_flight)}/{self.prefetch}>"
+
+
+class Dispatcher:
+    """Pushes claimable jobs to subscriptions. Call its methods from the event loop only."""
+
+    def __init__(self, table: JobTable, *, grace_s: float, clock: Callable[[], float]) -> None:
+        self.table = table
+        self.grace_s = grace_s
+        self._clock = clock
+        self._waiting: dict[str, dict[Subscription, None]] = {}
+        self._hungry: dict[Subscription, None] = {}
+        self._dirty: set[str] = set()
+        self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
+        # worker id -> (lease -> job id, grace timer) for workers whose connection ended
+        self._orphans: dict[str, tuple[dict[str, str], asyncio.TimerHandle]] = {}
+        self._pass_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self.pushed = 0  # jobs pushed since start (for metrics)
+        self.push_latency: Callable[[float], None] | None = None
+
+    # -- what the server tells the dispatcher ---------------------------------------------
+
+    def subscribe(self, sub: Subscription, leases: list[tuple[str, str]]) -> list[str]:
+        """Register ``sub``; re-attach the ``(job id, lease)`` pairs it still holds.
+
+        A lease re-attaches when its job is still held by the same ``worker_id`` under a
+        valid lease (a reconnect within the grace, or after a broker restart with a
+        durable store); re-attaching counts as a heartbeat. Returns the re-attached ids.
+        """
+        reattached = []
+        orphans = self._orphans.get(sub.worker_id)
+        for job_id, lease in leases:
+            job = self.table.get_job(job_id)
+            if job is None or job.worker_id != sub.worker_id:
+                continue
+            if not self.table.heartbeat(job_id, lease):
+                continue
+            sub.in_flight[lease] = job_id
+            self._holders[job_id] = (sub, lease)
+            reattached.append(job_id)
+            if orphans is not None:
+                orphans[0].pop(lease, None)
+        if orphans is not None and not orphans[0]:
+            orphans[1].cancel()
+            del self._orphans[sub.worker_id]
+        for queue in sub.queues:
+            self._waiting.setdefault(queue.name, {})
+        self._set_hungry(sub)
+        return reattached
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        """The subscription's connection ended: its jobs lapse after the grace."""
+        self._hungry.pop(sub, None)
+        for queue in sub.queues:
+            waiting = self._waiting.get(queue.name)
+            if waiting is not None:
+                waiting.pop(sub, None)
+        held = {}
+        for lease, job_id in sub.in_flight.items():
+            if self._holders.get(job_id) == (sub, lease):
+                del self._holders[job_id]
+            held[lease] = job_id
+        sub.in_flight.clear()
+        if not held:
+            return
+        if self.grace_s <= 0:
+            self._lapse(held)
+            return
+        entry = self._orphans.get(sub.worker_id)
+        if entry is not None:
+            entry[1].cancel()
+            held.update(entry[0])
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(self.grace_s, self._end_grace, sub.worker_id)
+        self._orphans[sub.worker_id] = (held, timer)
+
+    def drain(self, sub: Subscription) -> int:
+        """Push nothing more to ``sub``; the jobs it holds stay held. Returns how many."""
+        sub.prefetch = 0
+        self._hungry.pop(sub, None)
+        self._file(sub)
+        return len(sub.in_flight)
+
+    def finished(self, sub: Subscription | None, job_id: str, lease: str) -> None:
+        """The worker answered for a job (ack, retry or fail, landed or not): free its slot."""
+        if sub is None or sub.in_flight.pop(lease, None) is None:
+            return
+        if self._holders.get(job_id) == (sub, lease):
+            del self._holders[job_id]
+        self._set_hungry(sub)
+
+    def cancelled(self, job_id: str) -> None:
+        """The job was cancelled: tell its holder (if any) and free the holder's slot."""
+        holder = self._holders.pop(job_id, None)
+        if holder is None:
+            return
+        sub, lease = holder
+        sub.in_flight.pop(lease, None)
+        sub.send(cancelled_push([job_id]))
+        self._set_hungry(sub)
+
+    def queue_changed(self, name: str) -> None:
+        """Jobs of queue ``name`` may have become claimable (enqueue, retry, resume...)."""
+        if name in self._waiting:
+            self._dirty.add(name)
+            self.kick()
+
+    def holder(self, job_id: str) -> str | None:
+        """The worker id the broker pushed this job to, if it still holds it."""
+        holder = self._holders.get(job_id)
+        return None if holder is None else holder[0].worker_id
+
+    def kick(self) -> None:
+        """Schedule one pass (once, however often it is called before the pass runs)."""
+        if not self._pass_scheduled:
+            self._pass_scheduled = True
+            asyncio.get_running_loop().call_soon(self._run_pass)
+
+    def close(self) -> None:
+        """Cancel every timer (the broker is stopping)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for _, timer in self._orphans.values():
+            timer.cancel()
+        self._orphans.clear()
+
+    # -- the pass -------------------------------------------------------------------------
+
+    def _set_hungry(self, sub: Subscription) -> None:
+        if sub.free > 0:
+            self._hungry[sub] = None
+            self.kick()
+
+    def _run_pass(self) -> None:
+        self._pass_scheduled = False
+        try:
+            self._pass()
+        except Exception:  # a bug here must not stop every later pass
+            log.exception("dispatch pass failed")
+        self._arm_timer()
+
+    def _pass(self) -> None:
+        out: dict[Subscription, list[JobHandle]] = {}
+        hungry, self._hungry = self._hungry, {}
+        for sub in hungry:
+            free = sub.free
+            if free <= 0:
+                continue
+            for queue in sub.queues:
+                handles = queue.claim_batch(sub.worker_id, free)
+                if handles:
+                    self._give(sub, handles, out)
+                    free -= len(handles)
+                    if free <= 0:
+                        break
+            self._file(sub)
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            waiting = self._waiting.get(name)
+            while waiting:
+                sub = next(iter(waiting))
+                handle = self._claim_one(sub)
+                if handle is None:
+                    break  # every queue of sub, this one included, is dry (or paused)
+                self._give(sub, [handle], out)
+                del waiting[sub]
+                self._file(sub)  # back at the end of the line, or off it when full
+        for sub, handles in out.items():
+            self._push(sub, handles)
+
+    def _claim_one(self, sub: Subscription) -> JobHandle | None:
+        for queue in sub.queues:
+            handle = queue.claim_one(sub.worker_id)
+            if handle is not None:
+                return handle
+        return None
+
+    def _give(
+        self, sub: Subscription, handles: list[JobHandle], out: dict[Subscription, list[JobHandle]]
+    ) -> None:
+        for handle in handles:
+            sub.in_flight[handle.lease] = handle.id
+            self._holders[handle.id] = (sub, handle.lease)
+        out.setdefault(sub, []).extend(handles)
+
+    def _file(self, sub: Subscription) -> None:
+        """Put ``sub`` at the end of its queues' waiting lines if it has room, else off them."""
+        hungry = sub.free > 0
+        for queue in sub.queues:
+            waiting = self._waiting[queue.name]
+            waiting.pop(sub, None)
+            if hungry:
+                waiting[sub] = None
+
+    def _push(self, sub: Subscription, handles: list[JobHandle]) -> None:
+        now = self._clock()
+        frame: list[dict[str, Any]] = []
+        size = 0
+        for handle in handles:
+            job = handle.job
+            if self.push_latency is not None:
+                self.push_latency(max(0.0, now - max(job.ready_at, job.enqueued_at)))
+            frame.append(pushed_job(job, handle.lease))
+            size += len(job.payload_json)
+            if size >= _FRAME_PAYLOAD_BUDGET:
+                sub.send(jobs_push(frame))
+                frame, size = [], 0
+        if frame:
+            sub.send(jobs_push(frame))
+        self.pushed += len(handles)
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        """Wake at ``table.next_event_at()``: a job matures, a lease lapses, a row expires."""
+        at = self.table.next_event_at()
+        if at == self._timer_at and self._timer is not None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None:
+            delay = max(0.0, at - self._clock())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        at = self.table.next_event_at()
+        if at is not None and at <= self._clock():
+            self.sweep()
+        # Which queues gained claimable jobs is not known without asking each one;
+        # asking costs O(queues with waiting workers), once per timed event.
+        self._dirty.update(name for name, waiting in self._waiting.items() if waiting)
+        self.kick()
+
+    def sweep(self) -> dict[str, int]:
+        """Run the engine's sweep now; returns its counts."""
+        result = self.table.sweep_expired()
+        return {"expired": result.expired, "exhausted": result.exhausted, "purged": result.purged}
+
+    # -- grace ----------------------------------------------------------------------------
+
+    def _end_grace(self, worker_id: str) -> None:
+        entry = self._orphans.pop(worker_id, None)
+        if entry is not None:
+            self._lapse(entry[0])
+
+    def _lapse(self, held: dict[str, str]) -> None:
+        for lease, job_id in held.items():
+            job = self.table.get_job(job_id)
+            if job is not None and self.table.lapse(job_id, lease):
+                self.queue_changed(job.queue)
+        self.kick()
+
+
+def wall_clock() -> float:
+    """The broker's clock for the engine: wall-clock seconds since the epoch."""
+    return time.time()

@@ -1,0 +1,406 @@
+"""The WebSocket server: connections in, frames decoded, handlers called, replies out.
+
+Layers (docs/architecture.md): this module owns sockets and tasks; ``ops`` maps each
+operation to the engine or the dispatcher; the engine decides. One event loop runs
+everything; engine calls are synchronous and short, so a frame is handled to the end
+without awaiting anything, and a connection never waits on another.
+
+Each connection has a reader (this module's ``Connection.run``) and a writer task
+draining a bounded outbox, so that pushing to a worker never awaits that worker: a
+peer that stops reading fills its outbox and is dropped (close 1008), and its jobs
+lapse after the disconnect grace like any dropped worker's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
+from typing import Any
+
+import anyio
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from sdk._wire import (
+    CLOSE_GOING_AWAY,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
+    HEALTHZ_PATH,
+    WS_PATH,
+    ErrorCode,
+    Role,
+    WireError,
+    binary_frame_error,
+    decode,
+    encode,
+    ok_reply,
+    parse_envelope,
+    validate_fields,
+)
+
+from . import __version__
+from .config import Config
+from .dispatch import Dispatcher, Subscription, wall_clock
+from .engine import InvalidArgument, JobTable, Queue
+from .ops import HANDLERS
+
+__all__ = ["Broker", "Connection", "running_broker"]
+
+log = logging.getLogger("conveyor")
+
+# Errors that count toward closing a peer that keeps sending garbage.
+_GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
+
+
+class Broker:
+    """The server's whole state: configuration, job table, dispatcher, connections."""
+
+    def __init__(self, config: Config, *, clock: Callable[[], float] = wall_clock) -> None:
+        self.config = config
+        self.clock = clock
+        self.table = JobTable(clock=clock, max_payload_bytes=config.max_payload_bytes)
+        config.apply_queue_opts(self.table)
+        self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
+        self.connections: set[Connection] = set()
+        self.per_token: dict[str, int] = {}
+        self.closing = False
+        self.server: Server | None = None
+        self.url = ""
+
+    # -- helpers for the handlers ---------------------------------------------------------
+
+    @property
+    def queue_names(self) -> list[str]:
+        return self.table.queues()
+
+    def queue(self, name: str, field: str = "queue") -> Queue:
+        """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
+        try:
+            return self.table.queue(name)
+        except InvalidArgument as exc:
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
+
+    def queue_stats(self, name: str) -> dict[str, Any]:
+        stats = self.table.queue(name).stats()
+        totals = stats.totals
+        return {
+            "ready": stats.ready,
+            "scheduled": stats.scheduled,
+            "processing": stats.processing,
+            "dead": stats.dead,
+            "paused": stats.paused,
+            "totals": {
+                "enqueued": totals.enqueued,
+                "completed": totals.completed,
+                "retried": totals.retried,
+                "dead": totals.dead,
+                "expired": totals.expired,
+                "cancelled": totals.cancelled,
+            },
+        }
+
+    # -- HTTP side of the port ------------------------------------------------------------
+
+    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+        """Answer plain HTTP paths, and refuse bad handshakes before they become sockets."""
+        path = request.path.split("?", 1)[0]
+        if path == HEALTHZ_PATH:
+            status = HTTPStatus.SERVICE_UNAVAILABLE if self.closing else HTTPStatus.OK
+            body = {"status": "draining" if self.closing else "ok", "version": __version__}
+            return _response(status, encode(body), "application/json")
+        if path != WS_PATH:
+            return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+        if self.closing:
+            return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"shutting down\n", "text/plain")
+        if "upgrade" not in request.headers.get("Connection", "").lower():
+            return _response(
+                HTTPStatus.UPGRADE_REQUIRED, b"this endpoint speaks WebSocket\n", "text/plain"
+            )
+        origin = request.headers.get("Origin")
+        if origin is not None and not self._origin_allowed(origin, request.headers):
+            log.info("refused a handshake from origin %r", origin[:200])
+            return _response(HTTPStatus.FORBIDDEN, b"origin not allowed\n", "text/plain")
+        token = _bearer(request.headers)
+        if token is not None and self.config.tokens and self.config.roles_for(token) is None:
+            return _response(HTTPStatus.UNAUTHORIZED, b"unknown token\n", "text/plain")
+        return None
+
+    def _origin_allowed(self, origin: str, headers: Headers) -> bool:
+        if origin in self.config.origins:
+            return True
+        host = headers.get("Host")
+        scheme = "https" if self.config.secure else "http"
+        return host is not None and origin == f"{scheme}://{host}"
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def handle(self, ws: ServerConnection) -> None:
+        """The websockets handler: one connection, from open to close."""
+        conn = Connection(self, ws)
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+            conn.release()
+
+
+def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Cache-Control", "no-store"),
+        ]
+    )
+    return Response(status.value, status.phrase, headers, body)
+
+
+def _bearer(headers: Headers) -> str | None:
+    value = headers.get("Authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else ""
+
+
+class Connection:
+    """One WebSocket connection: its roles, its subscription, its outbox."""
+
+    def __init__(self, broker: Broker, ws: ServerConnection) -> None:
+        self.broker = broker
+        self.ws = ws
+        self.hello_done = False
+        self.client: str | None = None
+        self.token: str | None = None
+        self.subscription: Subscription | None = None
+        self._outbox: deque[bytes] = deque()
+        self._wake = asyncio.Event()
+        self._bad_in_a_row = 0
+        self._closing = False
+        config = broker.config
+        header_token = _bearer(ws.request.headers) if ws.request is not None else None
+        self.roles: frozenset[Role] = frozenset()
+        if not config.tokens:
+            self.roles = frozenset(Role)
+        elif header_token:
+            self._take_token(header_token)
+
+    # -- authentication -------------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> None:
+        """``hello``'s token: grant its roles, or raise ``unauthorized``/``limit_exceeded``."""
+        config = self.broker.config
+        if not config.tokens:
+            return  # open broker: a token sent anyway is ignored
+        if token is None:
+            if self.token is not None:
+                return  # the header already authenticated this connection
+            raise WireError(ErrorCode.UNAUTHORIZED, "token: this broker needs a token", "token")
+        if config.roles_for(token) is None:
+            self.close_soon(CLOSE_POLICY_VIOLATION, "unknown token")
+            raise WireError(ErrorCode.UNAUTHORIZED, "token: unknown token", "token")
+        self._take_token(token)
+
+    def _take_token(self, token: str) -> None:
+        config = self.broker.config
+        roles = config.roles_for(token)
+        assert roles is not None
+        per_token = self.broker.per_token
+        if self.token is not None and self.token != token:
+            per_token[self.token] -= 1
+            self.token = None
+        if self.token is None:
+            if per_token.get(token, 0) >= config.max_connections_per_token:
+                self.close_soon(CLOSE_TRY_AGAIN_LATER, "too many connections for this token")
+                raise WireError(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"token: at most {config.max_connections_per_token} connections per token",
+                    "token",
+                )
+            per_token[token] = per_token.get(token, 0) + 1
+            self.token = token
+        self.roles = roles
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue one frame for the writer; never blocks. Drops a peer that stopped reading."""
+        if self._closing:
+            return
+        self._outbox.append(encode(frame))
+        self._wake.set()
+        if len(self._outbox) > self.broker.config.max_outbox_frames:
+            self._outbox.clear()
+            self.close_soon(CLOSE_POLICY_VIOLATION, "too slow: not reading its frames")
+
+    def close_soon(self, code: int, reason: str) -> None:
+        """Close after the frames already queued (the reader notices and ends)."""
+        if self._closing:
+            return
+        self._closing = True
+        self._close_code = code
+        self._close_reason = reason
+        self._wake.set()
+
+    async def _writer(self) -> None:
+        ws = self.ws
+        outbox = self._outbox
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while outbox:
+                await ws.send(outbox.popleft(), text=True)
+            if self._closing:
+                await ws.close(self._close_code, self._close_reason)
+                return
+
+    # -- receiving ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read frames until the peer goes; the writer runs beside it."""
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._writer)
+                if self.broker.config.tokens and not self.roles:
+                    tg.start_soon(self._auth_deadline)
+                try:
+                    async for message in self.ws:
+                        self.handle_frame(message)
+                        if self._closing:
+                            break
+                finally:
+                    if not self._closing:
+                        tg.cancel_scope.cancel()
+        except ConnectionClosed:
+            pass
+
+    async def _auth_deadline(self) -> None:
+        await anyio.sleep(self.broker.config.handshake_timeout_s)
+        if not self.roles:
+            self.close_soon(CLOSE_POLICY_VIOLATION, "no token given in time")
+
+    def handle_frame(self, message: str | bytes) -> None:
+        """Decode, check, call the handler, queue the reply. Never raises."""
+        rid = None
+        try:
+            if isinstance(message, bytes):
+                raise binary_frame_error()
+            frame = decode(message)
+            spec, rid = parse_envelope(frame)
+            if not spec.allows(self.roles):
+                code = ErrorCode.FORBIDDEN if self.roles else ErrorCode.UNAUTHORIZED
+                verb = "may not" if self.roles else "must authenticate to"
+                raise WireError(code, f"op: this connection {verb} call {spec.op.value!r}", "op")
+            if self.broker.closing:
+                raise WireError(ErrorCode.UNAVAILABLE, "the broker is shutting down")
+            fields = validate_fields(spec, frame, rid=rid, max_batch=self.broker.config.max_batch)
+            result = HANDLERS[spec.op](self, fields)
+        except WireError as exc:
+            if exc.rid is None:
+                exc.rid = rid
+            self._refuse(exc)
+            return
+        except InvalidArgument as exc:
+            self._refuse(WireError(ErrorCode(exc.code), str(exc), exc.field, rid=rid))
+            return
+        except Exception:
+            # Our bug, not the peer's: log it whole, tell the peer nothing but "internal".
+            log.exception("internal error handling a frame")
+            self._refuse(WireError(ErrorCode.INTERNAL, "internal error", rid=rid))
+            return
+        self._bad_in_a_row = 0
+        if rid is not None:
+            self.send(ok_reply(rid, result))
+
+    def _refuse(self, exc: WireError) -> None:
+        self.send(exc.reply())
+        if exc.code in _GARBAGE:
+            self._bad_in_a_row += 1
+            if self._bad_in_a_row >= self.broker.config.max_bad_frames:
+                self.close_soon(CLOSE_POLICY_VIOLATION, "too many bad frames")
+        else:
+            self._bad_in_a_row = 0
+
+    def release(self) -> None:
+        """The connection is over: its subscription ends, its token slot frees."""
+        self._closing = True
+        if self.subscription is not None:
+            self.broker.dispatcher.unsubscribe(self.subscription)
+            self.subscription = None
+        if self.token is not None:
+            self.broker.per_token[self.token] -= 1
+            self.token = None
+
+
+def _ssl_context(config: Config) -> ssl.SSLContext | None:
+    if config.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(config.tls_cert, config.tls_key)
+    return context
+
+
+@contextlib.asynccontextmanager
+async def running_broker(config: Config) -> AsyncIterator[Broker]:
+    """Start a broker, yield it (``.url`` is the real address), stop it on exit."""
+    broker = Broker(config)
+    server = await serve(
+        broker.handle,
+        config.host,
+        config.port,
+        process_request=broker.process_request,
+        compression=None,
+        ping_interval=config.ping_interval_s,
+        ping_timeout=config.ping_timeout_s,
+        open_timeout=config.handshake_timeout_s,
+        max_size=config.max_frame_bytes,
+        ssl=_ssl_context(config),
+        server_header=f"conveyor/{__version__}",
+    )
+    broker.server = server
+    sock = next(iter(server.sockets))
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    broker.url = f"{'wss' if config.secure else 'ws'}://{shown}:{port}{WS_PATH}"
+    sweeper = asyncio.get_running_loop().create_task(_sweep_forever(broker))
+    try:
+        yield broker
+    finally:
+        broker.closing = True
+        sweeper.cancel()
+        server.close(close_connections=True, code=CLOSE_GOING_AWAY, reason="broker shutting down")
+        await server.wait_closed()
+        broker.dispatcher.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeper
+
+
+async def _sweep_forever(broker: Broker) -> None:
+    while True:
+        await asyncio.sleep(broker.config.sweep_interval_s)
+        try:
+            broker.dispatcher.sweep()
+            broker.dispatcher.kick()
+        except Exception:
+            log.exception("sweep failed")
+
+
+async def serve_until_signalled(config: Config, ready: Callable[[Broker], None]) -> None:
+    """Run a broker until SIGTERM or SIGINT, calling ``ready`` once it listens."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with running_broker(config) as broker:
+        ready(broker)
+        await stop.wait()
+        log.info("conveyor stopping")

@@ -1,0 +1,855 @@
+"""The Conveyor wire protocol, version 1: the frame codec and the definitions both ends share.
+
+``docs/protocol.md`` is the specification; this module is its executable half, and the
+only one. The broker imports it (the SDK never imports the broker), and it is the one
+module of the project that imports ``orjson``: every other module encodes and decodes
+frames through :func:`encode`, :func:`encode_payload`, :func:`raw_json` and :func:`decode`.
+
+What lives here, in the order a frame meets it:
+
+- :func:`decode` turns one text frame into a ``dict`` (``bad_json``, ``bad_frame``).
+- :func:`validate_request` checks the envelope (``rid``, ``op``) and then the op's fields
+  against :data:`OPS`, the declarative table of operations (docs/protocol.md,
+  "Operations"). It checks shape and types only; ranges, queue-name syntax and the other
+  semantic guards are the engine's (the job contract's "Guards") or the broker's
+  (``prefetch`` against ``max_prefetch``), and are not repeated here. A broker that wants
+  to check roles before fields calls :func:`parse_envelope`, checks
+  :meth:`OpSpec.allows`, then :func:`validate_fields`.
+- :func:`ok_reply`, :meth:`WireError.reply`, :func:`jobs_push`, :func:`cancelled_push`,
+  :func:`job_info` and :func:`pushed_job` build the outgoing frames, and :func:`encode`
+  turns them into bytes.
+
+Nothing here does I/O, reads a clock or holds state.
+
+Exceptions::
+
+    ValueError
+     └── WireError   a frame or request the protocol rejects: .code (ErrorCode), .message,
+                     .field (the offending field's path, or None), .rid (echo it, or None)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final, Protocol, TypeAlias
+
+import orjson
+
+__all__ = [
+    "ALL_ROLES",
+    "CLOSE_GOING_AWAY",
+    "CLOSE_INTERNAL_ERROR",
+    "CLOSE_INVALID_DATA",
+    "CLOSE_MESSAGE_TOO_BIG",
+    "CLOSE_NORMAL",
+    "CLOSE_POLICY_VIOLATION",
+    "CLOSE_SERVICE_RESTART",
+    "CLOSE_TRY_AGAIN_LATER",
+    "DEFAULT_PREFETCH",
+    "HEALTHZ_PATH",
+    "JOB_INFO_FIELDS",
+    "MAX_PAYLOAD_DEPTH",
+    "MAX_RID_CHARS",
+    "METRICS_PATH",
+    "OPS",
+    "PROTOCOL_VERSION",
+    "PUSHED_JOB_FIELDS",
+    "SERVER_NAME",
+    "SUPPORTED_PROTOCOLS",
+    "WS_PATH",
+    "ErrorCode",
+    "Field",
+    "JobSnapshot",
+    "Kind",
+    "Op",
+    "OpSpec",
+    "Push",
+    "Rid",
+    "Role",
+    "WireError",
+    "binary_frame_error",
+    "cancelled_push",
+    "decode",
+    "encode",
+    "encode_payload",
+    "job_info",
+    "jobs_push",
+    "ok_reply",
+    "parse_envelope",
+    "pushed_job",
+    "raw_json",
+    "validate_fields",
+    "validate_request",
+]
+
+# --------------------------------------------------------------------------- constants
+
+#: The protocol version this module speaks (docs/protocol.md, "Versioning").
+PROTOCOL_VERSION: Final = 1
+#: Every version a ``hello`` may ask for.
+SUPPORTED_PROTOCOLS: Final = frozenset({1})
+#: The ``server`` field of the ``hello`` reply.
+SERVER_NAME: Final = "conveyor"
+
+#: The WebSocket endpoint; the same port serves the HTTP paths below and the dashboard at ``/``.
+WS_PATH: Final = "/ws"
+HEALTHZ_PATH: Final = "/healthz"
+METRICS_PATH: Final = "/metrics"
+
+#: A string ``rid`` may hold at most this many characters (code points).
+MAX_RID_CHARS: Final = 64
+#: Arrays and objects may nest at most this deep in a payload. It is orjson's encoding limit
+#: and the engine's ``MAX_PAYLOAD_DEPTH``, so any payload the broker stores can be re-encoded.
+MAX_PAYLOAD_DEPTH: Final = 254
+#: ``subscribe``'s ``prefetch`` when the request leaves it out.
+DEFAULT_PREFETCH: Final = 16
+
+# Close codes (RFC 6455 section 7.4.1 and the IANA registry), docs/protocol.md "Close codes".
+#: The peer asked to close, or the broker is done with a connection in good order.
+CLOSE_NORMAL: Final = 1000
+#: The broker is shutting down. Reconnect with backoff.
+CLOSE_GOING_AWAY: Final = 1001
+#: A text frame held invalid UTF-8. Sent by the WebSocket layer, never by Conveyor itself.
+CLOSE_INVALID_DATA: Final = 1007
+#: Too many bad frames, a failed authentication or an authentication timeout. Do not retry
+#: blindly: fix the client or its token first.
+CLOSE_POLICY_VIOLATION: Final = 1008
+#: A frame over ``max_frame_bytes``. The frame was not processed.
+CLOSE_MESSAGE_TOO_BIG: Final = 1009
+#: The broker hit a bug it cannot recover this connection from. Reconnect with backoff.
+CLOSE_INTERNAL_ERROR: Final = 1011
+#: The broker is restarting. Reconnect with backoff.
+CLOSE_SERVICE_RESTART: Final = 1012
+#: Over a connection limit (connections per token). Reconnect later, with backoff.
+CLOSE_TRY_AGAIN_LATER: Final = 1013
+
+
+class ErrorCode(StrEnum):
+    """The stable ``error.code`` values of an error reply (docs/protocol.md, "Error codes").
+
+    A client must treat a code it does not know like ``internal``: later servers may add
+    codes, never rename or remove one.
+    """
+
+    # The frame is not valid JSON (or not UTF-8).
+    BAD_JSON = "bad_json"
+    # The frame is JSON but not a JSON object, or it came as a binary frame.
+    BAD_FRAME = "bad_frame"
+    # `op` names no operation this server knows.
+    UNKNOWN_OP = "unknown_op"
+    # A field is missing, unknown, of the wrong type or out of range; `field` names it.
+    INVALID_ARGUMENT = "invalid_argument"
+    # Credentials are needed and none (or a wrong token) were given.
+    UNAUTHORIZED = "unauthorized"
+    # The connection's roles do not include the operation.
+    FORBIDDEN = "forbidden"
+    # The operation names a queue the broker does not know.
+    NOT_FOUND = "not_found"
+    # A payload over max_payload_bytes, or a batch over max_batch entries.
+    TOO_LARGE = "too_large"
+    # A request over a configured maximum: prefetch over max_prefetch, connections per token.
+    LIMIT_EXCEEDED = "limit_exceeded"
+    # The request clashes with the connection's state: a second hello or subscribe.
+    CONFLICT = "conflict"
+    # hello asked for a protocol version this server does not speak.
+    UNSUPPORTED_VERSION = "unsupported_version"
+    # A bug in the broker. The message is generic: no traceback or exception text.
+    INTERNAL = "internal"
+    # The broker is shutting down and takes no new work; reconnect elsewhere or later.
+    UNAVAILABLE = "unavailable"
+
+
+class Role(StrEnum):
+    """What a token may do (docs/protocol.md, "Authentication and roles")."""
+
+    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats.
+    PUBLISH = "publish"
+    # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
+    # batch forms, get_job.
+    WORK = "work"
+    # Everything, including pause, resume, redrive, purge_dead and sweep.
+    ADMIN = "admin"
+    # Look only: get_job, stats (and the dashboard's feed).
+    READ = "read"
+
+
+#: The roles a connection has when the broker has no tokens configured.
+ALL_ROLES: Final = frozenset(Role)
+
+
+class Op(StrEnum):
+    """Every operation a request may name in ``op`` (docs/protocol.md, "Operations")."""
+
+    HELLO = "hello"
+    PING = "ping"
+    ENQUEUE = "enqueue"
+    ENQUEUE_BATCH = "enqueue_batch"
+    GET_JOB = "get_job"
+    CANCEL = "cancel"
+    STATS = "stats"
+    SUBSCRIBE = "subscribe"
+    UNSUBSCRIBE = "unsubscribe"
+    ACK = "ack"
+    RETRY = "retry"
+    FAIL = "fail"
+    HEARTBEAT = "heartbeat"
+    ACK_BATCH = "ack_batch"
+    HEARTBEAT_BATCH = "heartbeat_batch"
+    PAUSE = "pause"
+    RESUME = "resume"
+    REDRIVE = "redrive"
+    PURGE_DEAD = "purge_dead"
+    SWEEP = "sweep"
+
+
+class Push(StrEnum):
+    """The ``push`` values of frames the broker sends unasked (docs/protocol.md, "Pushes")."""
+
+    # Jobs claimed for this subscribed connection: {"push": "jobs", "jobs": [...]}.
+    JOBS = "jobs"
+    # Jobs this connection holds were cancelled: {"push": "cancelled", "ids": [...]}.
+    CANCELLED = "cancelled"
+
+
+#: A request id: an int or a string of at most MAX_RID_CHARS characters; None when absent.
+Rid: TypeAlias = int | str | None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class WireError(ValueError):
+    """A frame or request the protocol rejects, ready to become an error reply.
+
+    ``code`` is the stable :class:`ErrorCode`; ``message`` is for humans and starts with the
+    field's path when there is one (``"jobs[3].priority: expected an integer, got
+    boolean"``); ``field`` is that path or ``None``; ``rid`` is the request id to echo
+    (``None`` when the request had none, or when the ``rid`` itself was the fault).
+    """
+
+    def __init__(
+        self, code: ErrorCode, message: str, field: str | None = None, *, rid: Rid = None
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.field = field
+        self.rid = rid
+
+    def error_object(self) -> dict[str, Any]:
+        """The reply's ``error`` member: ``{"code", "message", "field"}``."""
+        return {"code": self.code.value, "message": self.message, "field": self.field}
+
+    def reply(self) -> dict[str, Any]:
+        """The whole error reply frame, to pass to :func:`encode`."""
+        return {"rid": self.rid, "ok": False, "error": self.error_object()}
+
+    def __repr__(self) -> str:
+        return f"WireError({self.code.value!r}, {self.message!r}, field={self.field!r})"
+
+
+def binary_frame_error() -> WireError:
+    """The error for a binary WebSocket frame: every frame must be a JSON text frame."""
+    return WireError(ErrorCode.BAD_FRAME, "binary frames are not accepted; send JSON as text")
+
+
+# --------------------------------------------------------------------------- codec
+
+
+def encode(obj: Any) -> bytes:
+    """One frame (or any JSON value) as compact UTF-8 JSON bytes.
+
+    Send the result as a *text* frame: it is valid UTF-8 by construction. A value made by
+    :func:`raw_json` is spliced in verbatim, which is how the broker sends a stored payload
+    without decoding it. Besides the JSON types, orjson writes dataclasses, datetimes,
+    UUIDs and enum members in their JSON form.
+
+    Raises ``TypeError`` (orjson's ``JSONEncodeError``) for what JSON cannot hold: a dict
+    key that is not exactly ``str`` (a ``StrEnum`` key counts as not ``str``), an int
+    outside the 64-bit range, a string with lone surrogates, a set or other unknown type,
+    nesting deeper than 254 levels. NaN and the infinities are written as ``null`` without
+    complaint, so values from outside must go through :func:`encode_payload`.
+    """
+    return orjson.dumps(obj)
+
+
+def raw_json(data: bytes | str) -> Any:
+    """Pre-encoded JSON to splice into a frame by :func:`encode`, without re-encoding.
+
+    The caller vouches that ``data`` is exactly one valid JSON value (the engine's
+    ``Job.payload_json``, or the bytes :func:`encode_payload` returned); nothing checks it.
+    """
+    return orjson.Fragment(data)
+
+
+def encode_payload(value: Any, *, max_bytes: int | None = None, field: str = "payload") -> bytes:
+    """A job payload as strict JSON bytes, checked the way the job contract demands.
+
+    Use it for every payload that came from a caller (the SDK's ``enqueue``), then splice
+    the bytes into the frame with :func:`raw_json`, so a payload is encoded once and nested
+    at most :data:`MAX_PAYLOAD_DEPTH` deep whatever frame it rides in. The broker may use it
+    on a decoded request payload to hand the engine a ``RawJSON`` (orjson is far faster than
+    the engine's own stdlib encoding).
+
+    Raises ``WireError``: ``invalid_argument`` naming ``field`` when the value is not strict
+    JSON (see :func:`encode` for what orjson refuses; NaN and the infinities are refused
+    here); ``too_large`` when ``max_bytes`` is given and the encoding is longer.
+    """
+    try:
+        data = orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        reason = str(exc)
+        if "Recursion limit" in reason:  # orjson's words for nesting deeper than 254
+            reason = f"nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+        raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {reason}", field) from None
+    # orjson writes NaN and +-inf as null. Only when a null is in the output can one of them
+    # be in the input, so the walk below runs for few payloads; the search itself is memchr.
+    if b"null" in data and _holds_non_finite(value):
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{field}: must be strict JSON, holds NaN or an infinity",
+            field,
+        )
+    if max_bytes is not None and len(data) > max_bytes:
+        raise WireError(
+            ErrorCode.TOO_LARGE,
+            f"{field}: is {len(data)} bytes encoded, over the limit of {max_bytes} bytes",
+            field,
+        )
+    return data
+
+
+def _holds_non_finite(value: Any) -> bool:
+    """Whether a NaN or an infinity sits in ``value``'s dicts, lists and tuples."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def decode(data: str | bytes) -> dict[str, Any]:
+    """One received frame as a ``dict``.
+
+    ``data`` is the text frame as ``str``, or its raw UTF-8 ``bytes`` (a receive that skips
+    UTF-8 decoding; orjson checks the encoding itself). A *binary* frame must not get here:
+    answer it with :func:`binary_frame_error`.
+
+    Strict JSON only: no NaN or infinities, no byte order mark, nothing after the value,
+    nesting at most 1024 deep. A duplicated key keeps its last value. An integer within the
+    64-bit ranges decodes as ``int``; a larger one decodes as ``float``.
+
+    Raises ``WireError``: ``bad_json`` when ``data`` is not one JSON value in UTF-8,
+    ``bad_frame`` when it is one but not an object. Nothing else escapes.
+
+    The payload comes back as a Python value, which is cheap (orjson builds it in C) and
+    lets the broker check and re-encode it in one pass (:func:`encode_payload`). orjson has
+    no lazy or raw-span decoding; if profiling shows the payload's decode/re-encode
+    matters, the broker can keep it as bytes by locating the ``"payload"`` member's span
+    with a small scanner before decoding the rest, or a later protocol version can add a
+    ``payload_json`` string field; the engine already accepts ``RawJSON`` bytes and pushes
+    already splice stored bytes via :func:`raw_json`.
+    """
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise WireError(
+            ErrorCode.BAD_FRAME, f"a frame must be a JSON object, got {_json_type(obj)}"
+        )
+    return obj
+
+
+# --------------------------------------------------------------------------- the op table
+
+
+class Kind(StrEnum):
+    """The JSON type a request field accepts. A boolean is never accepted as a number."""
+
+    # A JSON string.
+    STRING = "string"
+    # A JSON number with no fraction or exponent (`3`, not `3.0` or `3e0`), not a boolean.
+    INTEGER = "integer"
+    # Any JSON number (integer or not), not a boolean.
+    NUMBER = "number"
+    # Any JSON value, null included (the payload).
+    ANY = "any"
+    # An array of strings.
+    STRINGS = "array of strings"
+    # An array of objects, each checked against Field.items.
+    OBJECTS = "array of objects"
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of a request (or of an object inside an ``OBJECTS`` field).
+
+    A field that is absent or ``null`` takes ``default``, unless it is ``required`` (then it
+    is an ``invalid_argument``). The one exception is a ``Kind.ANY`` field: ``null`` is a
+    value there, and only absence counts as missing. A list default is copied per request.
+    """
+
+    name: str
+    kind: Kind
+    required: bool = False
+    default: Any = None
+    # STRING: not "". STRINGS, OBJECTS: at least one entry.
+    nonempty: bool = False
+    # STRINGS: no entry twice.
+    unique: bool = False
+    # STRINGS, OBJECTS: at most max_batch entries (too_large), when the broker passes one.
+    batch: bool = False
+    # OBJECTS: the fields of each entry.
+    items: tuple[Field, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpec:
+    """One operation: who may call it and what its request holds."""
+
+    op: Op
+    # Any one of these grants the op; empty means every connection may call it.
+    roles: frozenset[Role]
+    fields: tuple[Field, ...]
+    by_name: Mapping[str, Field] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "by_name", MappingProxyType({f.name: f for f in self.fields}))
+
+    def allows(self, roles: Collection[Role]) -> bool:
+        """Whether a connection holding ``roles`` may call this op."""
+        return not self.roles or not self.roles.isdisjoint(roles)
+
+
+_P, _W, _A, _R = Role.PUBLISH, Role.WORK, Role.ADMIN, Role.READ
+_ANYONE: frozenset[Role] = frozenset()
+_PUBLISHING = frozenset({_P, _A})
+_WORKING = frozenset({_W, _A})
+_ADMIN = frozenset({_A})
+
+_ID = Field("id", Kind.STRING, required=True)
+_LEASE = Field("lease", Kind.STRING, required=True)
+_QUEUE = Field("queue", Kind.STRING, required=True)
+_ERROR = Field("error", Kind.STRING)
+# The contract's per-job options ("Options and their resolution"); None means "not set",
+# so the queue's option or the plain default applies. Ranges are the engine's to check.
+_JOB_OPTIONS = (
+    Field("priority", Kind.INTEGER, default=0),
+    Field("delay_s", Kind.NUMBER),
+    Field("run_at", Kind.NUMBER),
+    Field("expires_s", Kind.NUMBER),
+    Field("visibility_timeout_s", Kind.NUMBER),
+    Field("max_attempts", Kind.INTEGER),
+    Field("backoff_base_s", Kind.NUMBER),
+    Field("key", Kind.STRING),
+)
+_HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
+
+_SPECS = (
+    OpSpec(
+        Op.HELLO,
+        _ANYONE,
+        (
+            Field("token", Kind.STRING),
+            Field("client", Kind.STRING),
+            Field("protocol", Kind.INTEGER, default=PROTOCOL_VERSION),
+        ),
+    ),
+    OpSpec(Op.PING, _ANYONE, ()),
+    OpSpec(
+        Op.ENQUEUE,
+        _PUBLISHING,
+        (_QUEUE, Field("payload", Kind.ANY, required=True), *_JOB_OPTIONS),
+    ),
+    OpSpec(
+        Op.ENQUEUE_BATCH,
+        _PUBLISHING,
+        (
+            _QUEUE,
+            Field(
+                "jobs",
+                Kind.OBJECTS,
+                required=True,
+                batch=True,
+                items=(Field("payload", Kind.ANY, required=True), *_JOB_OPTIONS),
+            ),
+        ),
+    ),
+    OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
+    OpSpec(Op.CANCEL, _PUBLISHING, (_ID,)),
+    OpSpec(Op.STATS, frozenset({_P, _A, _R}), (Field("queue", Kind.STRING),)),
+    OpSpec(
+        Op.SUBSCRIBE,
+        _WORKING,
+        (
+            Field("worker_id", Kind.STRING, required=True, nonempty=True),
+            Field("queues", Kind.STRINGS, required=True, nonempty=True, unique=True),
+            Field("prefetch", Kind.INTEGER, default=DEFAULT_PREFETCH),
+            Field("leases", Kind.OBJECTS, default=(), batch=True, items=(_ID, _LEASE)),
+        ),
+    ),
+    OpSpec(Op.UNSUBSCRIBE, _WORKING, ()),
+    OpSpec(Op.ACK, _WORKING, (_ID, _LEASE)),
+    OpSpec(Op.RETRY, _WORKING, (_ID, _LEASE, _ERROR, Field("delay_s", Kind.NUMBER))),
+    OpSpec(Op.FAIL, _WORKING, (_ID, _LEASE, _ERROR)),
+    OpSpec(Op.HEARTBEAT, _WORKING, (_ID, _LEASE)),
+    OpSpec(Op.ACK_BATCH, _WORKING, (_HANDLES,)),
+    OpSpec(Op.HEARTBEAT_BATCH, _WORKING, (_HANDLES,)),
+    OpSpec(Op.PAUSE, _ADMIN, (_QUEUE,)),
+    OpSpec(Op.RESUME, _ADMIN, (_QUEUE,)),
+    OpSpec(Op.REDRIVE, _ADMIN, (_ID,)),
+    OpSpec(Op.PURGE_DEAD, _ADMIN, (_QUEUE,)),
+    OpSpec(Op.SWEEP, _ADMIN, ()),
+)
+
+#: Every operation by name: its roles and its fields (docs/protocol.md, "Operations").
+OPS: Final[Mapping[str, OpSpec]] = MappingProxyType({spec.op.value: spec for spec in _SPECS})
+
+
+# --------------------------------------------------------------------------- validation
+
+# The envelope's own members, never looked up in an op's fields.
+_ENVELOPE = frozenset({"op", "rid"})
+# An unknown name is echoed in an error at most this long, so a peer cannot make us
+# send back a megabyte of its own garbage.
+_MAX_ECHO = 64
+
+
+def validate_request(
+    frame: Mapping[str, Any], *, max_batch: int | None = None
+) -> tuple[Op, Rid, dict[str, Any]]:
+    """Check a decoded request frame; return its op, its request id and its fields.
+
+    ``fields`` holds every field of the op, defaults filled in (docs/protocol.md gives
+    each): ``enqueue`` yields ``{"queue", "payload", "priority", "delay_s", ...}``, each
+    ``enqueue_batch`` job a dict of the same shape, ``subscribe.leases`` and the batch
+    ``items`` lists of ``{"id", "lease"}`` dicts. ``max_batch``, when given, bounds the
+    batch fields (``enqueue_batch.jobs``, ``ack_batch.items``, ``heartbeat_batch.items``,
+    ``subscribe.leases``).
+
+    Raises ``WireError`` (``invalid_argument``, ``unknown_op`` or ``too_large``) naming
+    the field; its ``rid`` is the request's, so the error reply reaches the right request,
+    except when the ``rid`` itself is the fault. Roles are not checked here; see
+    :func:`parse_envelope`.
+    """
+    spec, rid = parse_envelope(frame)
+    return spec.op, rid, validate_fields(spec, frame, rid=rid, max_batch=max_batch)
+
+
+def parse_envelope(frame: Mapping[str, Any]) -> tuple[OpSpec, Rid]:
+    """The op's spec and the request id, checked; the fields are left for later.
+
+    Lets the broker check roles (:meth:`OpSpec.allows`) before it looks at the fields, so a
+    peer without rights learns nothing about them. Raises ``WireError``:
+    ``invalid_argument`` for a bad ``rid`` or a missing or non-string ``op``, and
+    ``unknown_op`` for an op not in :data:`OPS`.
+    """
+    rid = frame.get("rid")
+    if rid is not None:
+        if isinstance(rid, str):
+            if len(rid) > MAX_RID_CHARS:
+                raise WireError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"rid: a string rid may hold at most {MAX_RID_CHARS} characters,"
+                    f" got {len(rid)}",
+                    "rid",
+                )
+        elif not isinstance(rid, int) or isinstance(rid, bool):
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"rid: expected an integer or a string, got {_json_type(rid)}",
+                "rid",
+            )
+    op = frame.get("op")
+    if not isinstance(op, str):
+        problem = "is missing" if op is None else f"expected a string, got {_json_type(op)}"
+        raise WireError(ErrorCode.INVALID_ARGUMENT, f"op: {problem}", "op", rid=rid)
+    spec = OPS.get(op)
+    if spec is None:
+        raise WireError(ErrorCode.UNKNOWN_OP, f"op: unknown op {_echo(op)!r}", "op", rid=rid)
+    return spec, rid
+
+
+def validate_fields(
+    spec: OpSpec, frame: Mapping[str, Any], *, rid: Rid = None, max_batch: int | None = None
+) -> dict[str, Any]:
+    """The op's fields from ``frame``, checked, with defaults filled in.
+
+    See :func:`validate_request`, which calls it. ``rid`` is only put on a raised error.
+    """
+    for name in frame:
+        if name not in spec.by_name and name not in _ENVELOPE:
+            shown = _echo(name)
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{shown}: unknown field for op {spec.op.value!r}",
+                shown,
+                rid=rid,
+            )
+    try:
+        return _check_object(spec.fields, frame, "", max_batch)
+    except WireError as exc:
+        exc.rid = rid
+        raise
+
+
+def _check_object(
+    fields: tuple[Field, ...], obj: Mapping[str, Any], prefix: str, max_batch: int | None
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in fields:
+        path = prefix + f.name
+        if f.name in obj and (obj[f.name] is not None or f.kind is Kind.ANY):
+            out[f.name] = _check_value(f, obj[f.name], path, max_batch)
+        elif f.required:
+            problem = "is missing" if f.name not in obj else "must not be null"
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{path}: {problem}", path)
+        elif isinstance(f.default, tuple):
+            out[f.name] = list(f.default)
+        else:
+            out[f.name] = f.default
+    return out
+
+
+def _check_value(f: Field, value: Any, path: str, max_batch: int | None) -> Any:
+    kind = f.kind
+    if kind is Kind.ANY:
+        return value
+    if kind is Kind.STRING:
+        if not isinstance(value, str):
+            raise _wrong_type(path, "a string", value)
+        if f.nonempty and not value:
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{path}: must not be empty", path)
+        return value
+    if kind is Kind.INTEGER:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise _wrong_type(path, "an integer", value)
+        return value
+    if kind is Kind.NUMBER:
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise _wrong_type(path, "a number", value)
+        return value
+    # An array kind.
+    if not isinstance(value, list):
+        raise _wrong_type(path, "an array", value)
+    if f.nonempty and not value:
+        raise WireError(ErrorCode.INVALID_ARGUMENT, f"{path}: must not be empty", path)
+    if f.batch and max_batch is not None and len(value) > max_batch:
+        raise WireError(
+            ErrorCode.TOO_LARGE,
+            f"{path}: holds {len(value)} entries, over the limit of {max_batch}",
+            path,
+        )
+    if kind is Kind.STRINGS:
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _wrong_type(f"{path}[{i}]", "a string", item)
+        if f.unique and len(set(value)) != len(value):
+            seen: set[str] = set()
+            for i, item in enumerate(value):
+                if item in seen:
+                    raise WireError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        f"{path}[{i}]: {_echo(item)!r} is listed twice",
+                        f"{path}[{i}]",
+                    )
+                seen.add(item)
+        return list(value)
+    names = {sub.name for sub in f.items}
+    out = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict):
+            raise _wrong_type(where, "an object", item)
+        for name in item:
+            if name not in names:
+                shown = f"{where}.{_echo(name)}"
+                raise WireError(ErrorCode.INVALID_ARGUMENT, f"{shown}: unknown field", shown)
+        out.append(_check_object(f.items, item, where + ".", max_batch))
+    return out
+
+
+def _wrong_type(path: str, expected: str, value: Any) -> WireError:
+    return WireError(
+        ErrorCode.INVALID_ARGUMENT, f"{path}: expected {expected}, got {_json_type(value)}", path
+    )
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _echo(text: str) -> str:
+    """A peer-supplied name, cut short enough to echo back in an error."""
+    return text if len(text) <= _MAX_ECHO else text[:_MAX_ECHO] + "..."
+
+
+# --------------------------------------------------------------------------- outgoing frames
+
+
+class JobSnapshot(Protocol):
+    """What :func:`job_info` and :func:`pushed_job` read from a job (the engine's ``Job``)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def payload_json(self) -> bytes: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def visibility_timeout_s(self) -> float: ...
+    @property
+    def backoff_base_s(self) -> float: ...
+    @property
+    def backoff_max_s(self) -> float: ...
+    @property
+    def enqueued_at(self) -> float: ...
+    @property
+    def ready_at(self) -> float: ...
+    @property
+    def expires_at(self) -> float | None: ...
+    @property
+    def worker_id(self) -> str | None: ...
+    @property
+    def deadline(self) -> float | None: ...
+    @property
+    def last_error(self) -> str | None: ...
+    @property
+    def died_at(self) -> float | None: ...
+    @property
+    def key(self) -> str | None: ...
+
+
+#: The members of a job object in a ``get_job`` reply, in order (docs/protocol.md, "get_job").
+#: The contract's fields, less the lease (a worker's secret) and ``seq`` (internal).
+JOB_INFO_FIELDS: Final = (
+    "id",
+    "queue",
+    "state",
+    "payload",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "visibility_timeout_s",
+    "backoff_base_s",
+    "backoff_max_s",
+    "enqueued_at",
+    "ready_at",
+    "expires_at",
+    "worker_id",
+    "deadline",
+    "last_error",
+    "died_at",
+    "key",
+)
+
+#: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
+PUSHED_JOB_FIELDS: Final = (
+    "id",
+    "queue",
+    "payload",
+    "attempt",
+    "max_attempts",
+    "lease",
+    "deadline",
+    "priority",
+    "visibility_timeout_s",
+)
+
+
+def job_info(job: JobSnapshot) -> dict[str, Any]:
+    """A job object for a ``get_job`` reply; the stored payload bytes are spliced, not decoded."""
+    return {
+        "id": job.id,
+        "queue": job.queue,
+        "state": str(job.state),
+        "payload": raw_json(job.payload_json),
+        "priority": job.priority,
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "visibility_timeout_s": job.visibility_timeout_s,
+        "backoff_base_s": job.backoff_base_s,
+        "backoff_max_s": job.backoff_max_s,
+        "enqueued_at": job.enqueued_at,
+        "ready_at": job.ready_at,
+        "expires_at": job.expires_at,
+        "worker_id": job.worker_id,
+        "deadline": job.deadline,
+        "last_error": job.last_error,
+        "died_at": job.died_at,
+        "key": job.key,
+    }
+
+
+def pushed_job(job: JobSnapshot, lease: str) -> dict[str, Any]:
+    """One entry of a ``jobs`` push for a job just claimed (or re-pushed) under ``lease``.
+
+    ``job`` is the snapshot taken at the claim (``JobHandle.job``), so ``attempts`` is this
+    claim's attempt number and ``deadline`` its lease's end.
+    """
+    return {
+        "id": job.id,
+        "queue": job.queue,
+        "payload": raw_json(job.payload_json),
+        "attempt": job.attempts,
+        "max_attempts": job.max_attempts,
+        "lease": lease,
+        "deadline": job.deadline,
+        "priority": job.priority,
+        "visibility_timeout_s": job.visibility_timeout_s,
+    }
+
+
+def ok_reply(rid: Rid, result: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A success reply: ``{"rid": rid, "ok": true, **result}``.
+
+    Send nothing instead when the request had no ``rid`` (fire-and-forget).
+    """
+    frame: dict[str, Any] = {"rid": rid, "ok": True}
+    if result:
+        frame.update(result)
+    return frame
+
+
+def jobs_push(jobs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """A ``jobs`` push frame carrying entries made by :func:`pushed_job`."""
+    return {"push": Push.JOBS.value, "jobs": list(jobs)}
+
+
+def cancelled_push(ids: Iterable[str]) -> dict[str, Any]:
+    """A ``cancelled`` push frame naming jobs this connection held that were cancelled."""
+    return {"push": Push.CANCELLED.value, "ids": list(ids)}
