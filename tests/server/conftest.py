@@ -1,0 +1,136 @@
+"""Fixtures for server tests: a real broker on port 0, and raw WebSocket clients.
+
+Tests synchronise on frames (``RawClient.request`` waits for the reply with the same
+``rid``; ``next_push`` waits for a pushed frame), never on sleeps. Every wait has a
+timeout so that a broken broker fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import pytest
+from websockets.asyncio.client import ClientConnection, connect
+
+from broker.config import Config
+from broker.server import Broker, running_broker
+
+WAIT = 5.0  # seconds any single expected frame may take before the test fails
+
+
+class RawClient:
+    """A bare protocol client: one connection, frames as dicts, pushes kept aside."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self._rids = itertools.count(1)
+        self._replies: dict[Any, dict[str, Any]] = {}
+        self.pushes: list[dict[str, Any]] = []
+
+    async def send(self, frame: dict[str, Any] | str | bytes) -> None:
+        if isinstance(frame, dict):
+            frame = orjson.dumps(frame).decode()
+        await self.ws.send(frame)
+
+    async def recv(self, timeout: float = WAIT) -> dict[str, Any]:
+        """The next frame of any kind."""
+        raw = await asyncio.wait_for(self.ws.recv(), timeout)
+        frame: dict[str, Any] = orjson.loads(raw)
+        return frame
+
+    async def reply(self, rid: Any, timeout: float = WAIT) -> dict[str, Any]:
+        """The reply to ``rid``, keeping any push that comes first."""
+        async with asyncio.timeout(timeout):
+            while rid not in self._replies:
+                frame = await self.recv(timeout)
+                if "push" in frame:
+                    self.pushes.append(frame)
+                else:
+                    self._replies[frame.get("rid")] = frame
+        return self._replies.pop(rid)
+
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply (ok or error)."""
+        rid = next(self._rids)
+        await self.send({"op": op, "rid": rid, **fields})
+        return await self.reply(rid)
+
+    async def call(self, op: str, **fields: Any) -> dict[str, Any]:
+        """``request`` that asserts success."""
+        frame = await self.request(op, **fields)
+        assert frame["ok"] is True, frame
+        return frame
+
+    async def next_push(self, kind: str = "jobs", timeout: float = WAIT) -> dict[str, Any]:
+        """The next pushed frame of ``kind`` (earlier ones kept by ``reply`` count first)."""
+        async with asyncio.timeout(timeout):
+            while True:
+                for i, frame in enumerate(self.pushes):
+                    if frame["push"] == kind:
+                        return self.pushes.pop(i)
+                frame = await self.recv(timeout)
+                if "push" in frame:
+                    self.pushes.append(frame)
+                else:
+                    self._replies[frame.get("rid")] = frame
+
+    async def jobs(self, n: int, timeout: float = WAIT) -> list[dict[str, Any]]:
+        """Exactly the next ``n`` pushed jobs, across as many frames as they come in."""
+        got: list[dict[str, Any]] = []
+        async with asyncio.timeout(timeout):
+            while len(got) < n:
+                got.extend((await self.next_push("jobs"))["jobs"])
+        assert len(got) == n, f"expected {n} jobs, got {len(got)}"
+        return got
+
+    async def closed(self, timeout: float = WAIT) -> int | None:
+        """Read until the broker closes the connection; return the close code."""
+        async with asyncio.timeout(timeout):
+            try:
+                while True:
+                    await self.ws.recv()
+            except Exception:  # ConnectionClosed*, the end we wait for
+                pass
+        return self.ws.close_code
+
+
+ClientFactory = Callable[..., Awaitable[RawClient]]
+
+
+@pytest.fixture
+def config() -> Config:
+    """The broker's settings for one test; override with ``dataclasses.replace``."""
+    return Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0)
+
+
+@pytest.fixture
+async def broker(config: Config) -> AsyncIterator[Broker]:
+    async with running_broker(config) as running:
+        yield running
+
+
+@pytest.fixture
+async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
+    """``await client(**connect_kwargs)`` opens a raw client to the test's broker."""
+    opened: list[ClientConnection] = []
+
+    async def open_client(**kwargs: Any) -> RawClient:
+        ws = await connect(broker.url, **kwargs)
+        opened.append(ws)
+        return RawClient(ws)
+
+    yield open_client
+    for ws in opened:
+        await ws.close()
+
+
+def with_config(**changes: Any) -> Any:
+    """Parametrise the ``config`` fixture of one test: ``@with_config(max_prefetch=4)``."""
+    return pytest.mark.parametrize(
+        "config", [replace(Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0), **changes)]
+    )
