@@ -13,6 +13,8 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from sdk._cli import add_client_commands
+
 from . import __version__
 from .config import ConfigError, add_serve_arguments, config_from_args
 from .server import Broker, serve_until_signalled
@@ -71,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the broker")
     add_serve_arguments(serve)
     serve.set_defaults(run=_serve)
+    add_client_commands(commands)
     return parser
 
 

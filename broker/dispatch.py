@@ -111,6 +111,10 @@ class Dispatcher:
                 continue
             if not self.table.heartbeat(job_id, lease):
                 continue
+            previous = self._holders.get(job_id)
+            if previous is not None and previous[0] is not sub:
+                # The old connection is not known dead yet; it loses the job (and the slot).
+                previous[0].in_flight.pop(previous[1], None)
             sub.in_flight[lease] = job_id
             self._holders[job_id] = (sub, lease)
             reattached.append(job_id)

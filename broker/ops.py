@@ -217,14 +217,14 @@ def heartbeat_batch(conn: Connection, f: dict[str, Any]) -> Result:
 
 def pause(conn: Connection, f: dict[str, Any]) -> Result:
     conn.broker.queue(f["queue"]).pause()
-    return {}
+    return {"paused": True}
 
 
 def resume(conn: Connection, f: dict[str, Any]) -> Result:
     queue = _known_queue(conn, f["queue"])
     queue.resume()
     conn.broker.dispatcher.queue_changed(queue.name)
-    return {}
+    return {"paused": False}
 
 
 def redrive(conn: Connection, f: dict[str, Any]) -> Result:

@@ -74,6 +74,7 @@ __all__ = [
     "binary_frame_error",
     "cancelled_push",
     "decode",
+    "decode_value",
     "encode",
     "encode_payload",
     "job_info",
@@ -369,6 +370,17 @@ def decode(data: str | bytes) -> dict[str, Any]:
             ErrorCode.BAD_FRAME, f"a frame must be a JSON object, got {_json_type(obj)}"
         )
     return obj
+
+
+def decode_value(data: str | bytes) -> Any:
+    """Any one JSON value (not only an object), e.g. a payload typed on a command line.
+
+    Raises ``WireError`` (``bad_json``) when ``data`` is not strict JSON.
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the op table

@@ -132,5 +132,6 @@ async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
 def with_config(**changes: Any) -> Any:
     """Parametrise the ``config`` fixture of one test: ``@with_config(max_prefetch=4)``."""
     return pytest.mark.parametrize(
-        "config", [replace(Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0), **changes)]
+        "config",
+        [replace(Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0), **changes)],
     )

@@ -1,0 +1,155 @@
+"""The client commands of ``conveyor``: ``worker``, ``enqueue``, ``job``, ``cancel``, ``stats``.
+
+``broker.cli`` registers them beside ``serve``. Each talks to a running broker at
+``--url`` (``CONVEYOR_URL``, default ``ws://127.0.0.1:8765/ws``) with ``--token``
+(``CONVEYOR_TOKEN``), prints JSON on stdout, and exits 0 on success, 1 when the broker
+refused or could not be reached, 2 for bad arguments; errors go to stderr in one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ._client import DEFAULT_URL, Client
+from ._errors import ConnectionFailed, ConveyorError
+from ._wire import WireError, decode_value, encode
+from ._worker import Worker
+
+__all__ = ["add_client_commands"]
+
+
+def _connection_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url", default=os.environ.get("CONVEYOR_URL") or DEFAULT_URL, help="broker URL"
+    )
+    parser.add_argument(
+        "--token", default=os.environ.get("CONVEYOR_TOKEN") or None, help="(CONVEYOR_TOKEN)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=5.0, help="seconds to wait for the broker (5)"
+    )
+
+
+def _print(value: Any) -> None:
+    print(encode(value).decode())
+
+
+def _with_client(args: argparse.Namespace, action: Callable[[Client], Awaitable[Any]]) -> int:
+    # One-shot commands report an unreachable broker themselves, once.
+    logging.getLogger("conveyor.sdk").setLevel(logging.ERROR)
+
+    async def main() -> Any:
+        async with Client(
+            args.url, args.token, connect_timeout=args.timeout, request_timeout=args.timeout
+        ) as client:
+            return await action(client)
+
+    try:
+        result = asyncio.run(main())
+    except ConnectionFailed:
+        print(f"conveyor: cannot reach the broker at {args.url}; is it running?", file=sys.stderr)
+        return 1
+    except ConveyorError as exc:
+        print(f"conveyor: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    _print(result)
+    return 0
+
+
+def _enqueue(args: argparse.Namespace) -> int:
+    try:
+        payload = decode_value(args.payload)
+    except WireError as exc:
+        print(f"conveyor: the payload is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    options = {
+        name: getattr(args, name)
+        for name in ("priority", "delay_s", "run_at", "expires_s", "max_attempts", "key")
+        if getattr(args, name) is not None
+    }
+    return _with_client(args, lambda c: _enqueue_one(c, args.queue, payload, options))
+
+
+async def _enqueue_one(client: Client, queue: str, payload: Any, options: dict[str, Any]) -> Any:
+    return {"id": await client.enqueue(queue, payload, **options)}
+
+
+async def _job(client: Client, job_id: str) -> Any:
+    info = await client.get_job(job_id)
+    return None if info is None else dataclasses.asdict(info)
+
+
+def _load_worker(target: str) -> Worker:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise SystemExit(f"conveyor: worker target must look like module.path:name, got {target!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SystemExit(f"conveyor: cannot import {module_name!r}: {exc}") from None
+    worker = getattr(module, attribute, None)
+    if not isinstance(worker, Worker):
+        raise SystemExit(f"conveyor: {target} is not a sdk.Worker (got {type(worker).__name__})")
+    return worker
+
+
+def _worker(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    worker = _load_worker(args.target)
+    try:
+        asyncio.run(worker.run())
+    except ConveyorError as exc:
+        print(f"conveyor: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_client_commands(commands: Any) -> None:
+    """Add the client subcommands to ``conveyor``'s subparsers."""
+    worker = commands.add_parser("worker", help="run a Worker defined in your code")
+    worker.add_argument("target", help="module.path:name of a sdk.Worker object")
+    worker.set_defaults(run=_worker)
+
+    enqueue = commands.add_parser("enqueue", help="enqueue one job")
+    enqueue.add_argument("queue")
+    enqueue.add_argument("payload", help='the payload as JSON, e.g. \'{"to": "a@b.c"}\'')
+    enqueue.add_argument("--priority", type=int)
+    enqueue.add_argument("--delay", dest="delay_s", type=float, help="seconds")
+    enqueue.add_argument("--run-at", dest="run_at", type=float, help="epoch seconds")
+    enqueue.add_argument("--expires", dest="expires_s", type=float, help="seconds")
+    enqueue.add_argument("--max-attempts", dest="max_attempts", type=int)
+    enqueue.add_argument("--key", help="idempotency key")
+    _connection_args(enqueue)
+    enqueue.set_defaults(run=_enqueue)
+
+    job = commands.add_parser("job", help="show one job")
+    job.add_argument("id")
+    _connection_args(job)
+    job.set_defaults(run=lambda a: _with_client(a, lambda c: _job(c, a.id)))
+
+    cancel = commands.add_parser("cancel", help="cancel one job")
+    cancel.add_argument("id")
+    _connection_args(cancel)
+    cancel.set_defaults(
+        run=lambda a: _with_client(a, lambda c: _cancelled(c, a.id)),
+    )
+
+    stats = commands.add_parser("stats", help="counts per queue")
+    stats.add_argument("--queue")
+    _connection_args(stats)
+    stats.set_defaults(run=lambda a: _with_client(a, lambda c: c.stats(a.queue)))
+
+
+async def _cancelled(client: Client, job_id: str) -> Any:
+    return {"cancelled": await client.cancel(job_id)}

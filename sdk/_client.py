@@ -1,0 +1,347 @@
+"""The publisher clients: ``Client`` (async) and ``SyncClient`` (blocking, thread-safe)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.from_thread
+
+from ._errors import ConnectionFailed, InvalidArgument
+from ._session import Session
+from ._types import JobInfo
+from ._wire import WireError, encode_payload, raw_json
+
+__all__ = ["DEFAULT_URL", "Client", "SyncClient", "normalize_url"]
+
+DEFAULT_URL = "ws://127.0.0.1:8765/ws"
+# enqueue_many sends at most this many jobs per frame (the broker's default max_batch).
+_BATCH = 1000
+
+T = TypeVar("T")
+
+
+def normalize_url(url: str) -> str:
+    """``ws://host:port`` means the broker's endpoint, ``ws://host:port/ws``."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise InvalidArgument(f"url: must start with ws:// or wss://, got {url!r}", field="url")
+    path = parts.path if parts.path not in ("", "/") else "/ws"
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def _payload(value: Any, field: str) -> Any:
+    """The payload checked as strict JSON and encoded once, ready to splice into a frame."""
+    try:
+        return raw_json(encode_payload(value, field=field))
+    except WireError as exc:
+        raise InvalidArgument(exc.message, field=exc.field) from None
+
+
+def _options(**options: Any) -> dict[str, Any]:
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _auto_key() -> str:
+    # Made for every enqueue without a key, so that a resend after a lost reply is
+    # stored once (contract: "key"). It shows as the job's key.
+    return "auto-" + uuid.uuid4().hex
+
+
+class Client:
+    """An async publisher. Use as ``async with Client(url, token) as client: ...``.
+
+    Entering connects (raising ``ConnectionFailed`` when the broker cannot be reached
+    within ``connect_timeout``). Afterwards the client reconnects by itself; a call made
+    during an outage waits for the connection, up to ``request_timeout`` seconds in all,
+    then raises ``ConnectionFailed``. Calls may run concurrently: they are pipelined on
+    the one connection. Every method raises a ``ConveyorError`` subclass when the broker
+    refuses the request (``InvalidArgument`` naming the field, ``Forbidden``, ...).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        name: str = "conveyor-python",
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.url = normalize_url(url)
+        self._session = Session(
+            self.url,
+            token=token,
+            client_name=name,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+        )
+        self._connect_timeout = connect_timeout
+        self._runner: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Client:
+        self._runner = asyncio.get_running_loop().create_task(self._session.run())
+        connected = asyncio.get_running_loop().create_task(self._session.connected.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {self._runner, connected},
+                timeout=self._connect_timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            connected.cancel()
+        if self._runner in done:
+            self._runner.result()  # raises the fatal refusal (a wrong token, say)
+        if not self._session.connected.is_set():
+            await self.aclose()
+            raise ConnectionFailed(
+                f"cannot reach the broker at {self.url} within {self._connect_timeout} s"
+            )
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection and stop reconnecting."""
+        await self._session.close()
+        if self._runner is not None:
+            self._runner.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._runner
+            self._runner = None
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        """The broker's ``hello`` reply: version, roles granted, limits."""
+        return dict(self._session.hello)
+
+    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        reply: dict[str, Any] = await self._session.request(op, fields)
+        return reply
+
+    # -- publishing -----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay_s: float | None = None,
+        run_at: float | None = None,
+        expires_s: float | None = None,
+        visibility_timeout_s: float | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+        key: str | None = None,
+    ) -> str:
+        """Store one job; return its id. Options as in the job contract; ``None``: not set.
+
+        Without a ``key`` the SDK makes one, so that a request resent after a lost reply
+        is stored once. Raises ``InvalidArgument`` (naming the field), ``TooLarge``,
+        ``Forbidden``, ``ConnectionFailed``.
+        """
+        reply = await self._call(
+            "enqueue",
+            queue=queue,
+            payload=_payload(payload, "payload"),
+            **_options(
+                priority=priority,
+                delay_s=delay_s,
+                run_at=run_at,
+                expires_s=expires_s,
+                visibility_timeout_s=visibility_timeout_s,
+                max_attempts=max_attempts,
+                backoff_base_s=backoff_base_s,
+                key=key if key is not None else _auto_key(),
+            ),
+        )
+        job_id: str = reply["id"]
+        return job_id
+
+    async def enqueue_many(
+        self,
+        queue: str,
+        payloads: Iterable[Any],
+        *,
+        priority: int = 0,
+        delay_s: float | None = None,
+        run_at: float | None = None,
+        expires_s: float | None = None,
+        visibility_timeout_s: float | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+    ) -> list[str]:
+        """Store many jobs with the same options; return their ids in order.
+
+        Sent as ``enqueue_batch`` frames of up to 1,000 jobs, each all or nothing (a bad
+        payload raises ``InvalidArgument`` naming ``jobs[i].payload`` and stores none of
+        its frame). Every job gets its own idempotency key, so resends store once.
+        """
+        options = _options(
+            priority=priority,
+            delay_s=delay_s,
+            run_at=run_at,
+            expires_s=expires_s,
+            visibility_timeout_s=visibility_timeout_s,
+            max_attempts=max_attempts,
+            backoff_base_s=backoff_base_s,
+        )
+        jobs = [
+            {"payload": _payload(p, f"jobs[{i}].payload"), "key": _auto_key(), **options}
+            for i, p in enumerate(payloads)
+        ]
+        ids: list[str] = []
+        for start in range(0, len(jobs), _BATCH):
+            reply = await self._call(
+                "enqueue_batch", queue=queue, jobs=jobs[start : start + _BATCH]
+            )
+            ids.extend(reply["ids"])
+        return ids
+
+    async def get_job(self, job_id: str) -> JobInfo | None:
+        """The job's fields, or ``None`` when it is gone (acked, cancelled, purged)."""
+        reply = await self._call("get_job", id=job_id)
+        job = reply.get("job")
+        return None if job is None else JobInfo.from_wire(job)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Delete the job in any state; ``True`` if it existed. Its worker is told."""
+        cancelled: bool = (await self._call("cancel", id=job_id))["cancelled"]
+        return cancelled
+
+    async def stats(self, queue: str | None = None) -> dict[str, dict[str, Any]]:
+        """Counts per queue: ``{name: {ready, scheduled, processing, dead, paused, totals}}``."""
+        queues: dict[str, dict[str, Any]] = (await self._call("stats", **_options(queue=queue)))[
+            "queues"
+        ]
+        return queues
+
+    # -- operator actions (the admin role) ------------------------------------------------
+
+    async def pause(self, queue: str) -> None:
+        """Stop handing out jobs of ``queue``."""
+        await self._call("pause", queue=queue)
+
+    async def resume(self, queue: str) -> None:
+        """Hand out jobs of ``queue`` again."""
+        await self._call("resume", queue=queue)
+
+    async def redrive(self, job_id: str) -> bool:
+        """Put a dead job back to pending with its attempts reset."""
+        redriven: bool = (await self._call("redrive", id=job_id))["redriven"]
+        return redriven
+
+    async def purge_dead(self, queue: str) -> int:
+        """Delete the dead jobs of ``queue``; return how many."""
+        purged: int = (await self._call("purge_dead", queue=queue))["purged"]
+        return purged
+
+
+class SyncClient:
+    """A blocking publisher for threads and scripts (Django, Flask, cron jobs).
+
+    ``with SyncClient(url) as client: client.enqueue("emails", {...})``. The same methods
+    as ``Client``, blocking; safe to share between threads (calls run on one background
+    event loop and are pipelined on one connection).
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        name: str = "conveyor-python-sync",
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+    ) -> None:
+        self._args = (url, token)
+        self._kwargs: dict[str, Any] = {
+            "name": name,
+            "connect_timeout": connect_timeout,
+            "request_timeout": request_timeout,
+        }
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: anyio.from_thread.BlockingPortal | None = None
+        self._client: Client | None = None
+
+    def __enter__(self) -> SyncClient:
+        stack = contextlib.ExitStack()
+        try:
+            portal = stack.enter_context(anyio.from_thread.start_blocking_portal())
+            client = Client(*self._args, **self._kwargs)
+            stack.enter_context(portal.wrap_async_context_manager(client))
+        except BaseException:
+            stack.close()
+            raise
+        self._stack, self._portal, self._client = stack, portal, client
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection and stop the background loop."""
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def _run(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._portal is None:
+            raise RuntimeError("use SyncClient inside `with SyncClient(...) as client:`")
+        return self._portal.call(functools.partial(method, *args, **kwargs))
+
+    @property
+    def _c(self) -> Client:
+        assert self._client is not None, "use SyncClient inside `with`"
+        return self._client
+
+    def enqueue(self, queue: str, payload: Any, **options: Any) -> str:
+        """``Client.enqueue``, blocking."""
+        job_id: str = self._run(self._c.enqueue, queue, payload, **options)
+        return job_id
+
+    def enqueue_many(self, queue: str, payloads: Sequence[Any], **options: Any) -> list[str]:
+        """``Client.enqueue_many``, blocking."""
+        ids: list[str] = self._run(self._c.enqueue_many, queue, payloads, **options)
+        return ids
+
+    def get_job(self, job_id: str) -> JobInfo | None:
+        """``Client.get_job``, blocking."""
+        info: JobInfo | None = self._run(self._c.get_job, job_id)
+        return info
+
+    def cancel(self, job_id: str) -> bool:
+        """``Client.cancel``, blocking."""
+        return bool(self._run(self._c.cancel, job_id))
+
+    def stats(self, queue: str | None = None) -> dict[str, dict[str, Any]]:
+        """``Client.stats``, blocking."""
+        stats: dict[str, dict[str, Any]] = self._run(self._c.stats, queue)
+        return stats
+
+    def pause(self, queue: str) -> None:
+        self._run(self._c.pause, queue)
+
+    def resume(self, queue: str) -> None:
+        self._run(self._c.resume, queue)
+
+    def redrive(self, job_id: str) -> bool:
+        return bool(self._run(self._c.redrive, job_id))
+
+    def purge_dead(self, queue: str) -> int:
+        purged: int = self._run(self._c.purge_dead, queue)
+        return purged

@@ -1,0 +1,252 @@
+"""One logical connection to a broker that outlives its sockets.
+
+A ``Session`` connects, says ``hello``, runs the owner's ``on_connect`` step (the worker
+subscribes there), and only then sends the requests that were waiting. When the socket
+drops it reconnects with exponential backoff and jitter, logging once when the outage
+starts and once when it ends (not once per try), and resends every request that had no
+reply yet: enqueues carry an idempotency key, so a resent enqueue is stored once.
+
+Requests may be many at once (pipelined); replies are matched by ``rid``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from ._errors import ConnectionFailed, ConveyorError, Unauthorized, error_from_reply
+from ._wire import WireError, decode, encode
+
+__all__ = ["Session"]
+
+log = logging.getLogger("conveyor.sdk")
+
+# Incoming frames may be up to twice the broker's frame limit (docs/protocol.md §12).
+_MAX_INCOMING = 16 * 1024 * 1024
+
+
+class _Lost(Exception):
+    """The socket closed under a request that is not resent (hello, subscribe)."""
+
+
+class _Pending:
+    __slots__ = ("frame", "future", "resend")
+
+    def __init__(self, frame: bytes, future: asyncio.Future[dict[str, Any]], resend: bool):
+        self.frame = frame
+        self.future = future
+        self.resend = resend
+
+
+class Session:
+    """A reconnecting, pipelining protocol connection. Run ``run()`` in a task group."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        client_name: str = "conveyor-python",
+        on_connect: Callable[[Session], Awaitable[None]] | None = None,
+        on_push: Callable[[dict[str, Any]], None] | None = None,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        backoff_base_s: float = 0.1,
+        backoff_max_s: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.client_name = client_name
+        self.on_connect = on_connect
+        self.on_push = on_push
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.hello: dict[str, Any] = {}
+        self.connected = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._ready = False  # hello and on_connect done on the current socket
+        self._pending: dict[int, _Pending] = {}
+        self._rids = itertools.count(1)
+        self._fatal: ConveyorError | None = None
+        self._closing = False
+        self._rng = random.Random()
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def request(self, op: str, fields: dict[str, Any], *, resend: bool = True) -> Any:
+        """Send one request and return its reply; raise the ``ConveyorError`` it carries.
+
+        Waits through reconnects (the request is sent again on the new socket when
+        ``resend``) up to ``request_timeout`` seconds in all, then raises
+        ``ConnectionFailed``.
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        rid = next(self._rids)
+        frame = encode({"op": op, "rid": rid, **fields})
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = _Pending(frame, future, resend)
+        try:
+            if self._ready or not resend:
+                await self._send(frame)
+            try:
+                reply = await asyncio.wait_for(asyncio.shield(future), self.request_timeout)
+            except TimeoutError:
+                raise ConnectionFailed(
+                    f"{op}: no reply from {self.url} within {self.request_timeout} s"
+                ) from None
+        finally:
+            self._pending.pop(rid, None)
+        if not reply.get("ok"):
+            raise error_from_reply(reply.get("error") or {})
+        return reply
+
+    def send_nowait(self, op: str, fields: dict[str, Any]) -> None:
+        """Fire and forget: no ``rid``, no reply on success, nothing resent on a reconnect."""
+        if self._ready and self._ws is not None:
+            frame = encode({"op": op, **fields})
+            asyncio.get_running_loop().create_task(self._send(frame))
+
+    async def _send(self, frame: bytes) -> None:
+        ws = self._ws
+        if ws is None:
+            return  # sent when the next socket is ready
+        try:
+            await ws.send(frame, text=True)
+        except ConnectionClosed:
+            pass  # resent (or failed) when the session notices the socket is gone
+
+    # -- the connection loop --------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect and keep connected until ``close()``; raises only for a fatal refusal."""
+        tries = 0
+        outage_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                ws = await connect(
+                    self.url,
+                    additional_headers=self._headers(),
+                    open_timeout=self.connect_timeout,
+                    max_size=_MAX_INCOMING,
+                    compression=None,
+                )
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (401, 403, 404):
+                    refused = Unauthorized(f"{self.url}: the broker refused us: HTTP {status}")
+                    self._fail_all(refused)
+                    raise refused from None
+                ws = None
+            except (OSError, InvalidHandshake, TimeoutError):
+                ws = None
+            if ws is None:
+                if outage_since is None:
+                    outage_since = loop.time()
+                    log.warning("cannot reach the broker at %s; retrying", self.url)
+                tries += 1
+                await asyncio.sleep(self._backoff(tries))
+                continue
+            try:
+                await self._serve(ws, outage_since)
+                outage_since = None
+                tries = 0
+            except ConveyorError as exc:
+                if exc.code == "unauthorized":  # a wrong token does not get better by retrying
+                    self._fail_all(exc)
+                    await ws.close()
+                    raise
+            finally:
+                self._ready = False
+                self._ws = None
+                self.connected.clear()
+                self._fail_unresent()
+            if not self._closing:
+                outage_since = loop.time()
+                log.warning("lost the connection to the broker at %s; reconnecting", self.url)
+                tries += 1
+                await asyncio.sleep(self._backoff(tries))
+
+    async def _serve(self, ws: ClientConnection, outage_since: float | None) -> None:
+        self._ws = ws
+        reader = asyncio.get_running_loop().create_task(self._read(ws))
+        try:
+            hello: dict[str, Any] = {"client": self.client_name}
+            if self.token is not None:
+                hello["token"] = self.token
+            self.hello = await self.request("hello", hello, resend=False)
+            if self.on_connect is not None:
+                await self.on_connect(self)
+            self._ready = True
+            for pending in sorted(self._pending.items()):
+                if pending[1].resend:
+                    await self._send(pending[1].frame)
+            self.connected.set()
+            if outage_since is not None:
+                log.warning("reconnected to the broker at %s", self.url)
+            await reader
+        except (_Lost, ConnectionClosed):
+            pass
+        finally:
+            reader.cancel()
+            await ws.close()
+
+    async def _read(self, ws: ClientConnection) -> None:
+        try:
+            async for message in ws:
+                try:
+                    frame = decode(message)
+                except WireError:
+                    log.error("the broker sent a frame that is not a JSON object; ignored")
+                    continue
+                if "push" in frame:
+                    if self.on_push is not None:
+                        self.on_push(frame)
+                    continue
+                rid = frame.get("rid")
+                pending = self._pending.get(rid) if isinstance(rid, int) else None
+                if pending is not None and not pending.future.done():
+                    pending.future.set_result(frame)
+                elif not frame.get("ok", True):
+                    error = frame.get("error") or {}
+                    log.warning("the broker refused a request: %s", error.get("message"))
+        except ConnectionClosed:
+            pass
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _backoff(self, tries: int) -> float:
+        """Equal jitter: half the exponential step, plus up to half again at random."""
+        step = min(self.backoff_max_s, self.backoff_base_s * 2.0 ** min(tries - 1, 30))
+        return step / 2 + self._rng.random() * step / 2
+
+    def _fail_unresent(self) -> None:
+        for pending in self._pending.values():
+            if not pending.resend and not pending.future.done():
+                pending.future.set_exception(_Lost())
+
+    def _fail_all(self, exc: ConveyorError) -> None:
+        self._fatal = exc
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+
+    async def close(self) -> None:
+        """Stop reconnecting and close the socket (replies still due are lost)."""
+        self._closing = True
+        ws = self._ws
+        if ws is not None:
+            await ws.close()

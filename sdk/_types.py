@@ -1,0 +1,80 @@
+"""What the SDK hands to callers: job snapshots, and the outcomes a handler may raise."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Fail", "Job", "JobInfo", "Retry"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A job as ``Client.get_job`` sees it: the contract's fields, read-only."""
+
+    id: str
+    queue: str
+    state: str  # "pending", "processing" or "dead"
+    payload: Any
+    priority: int
+    attempts: int
+    max_attempts: int
+    visibility_timeout_s: float
+    backoff_base_s: float
+    backoff_max_s: float
+    enqueued_at: float
+    ready_at: float
+    expires_at: float | None
+    worker_id: str | None
+    deadline: float | None
+    last_error: str | None
+    died_at: float | None
+    key: str | None
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> JobInfo:
+        values: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        return cls(**values)
+
+
+@dataclass(slots=True)
+class Job:
+    """A job handed to a worker's handler.
+
+    ``attempt`` counts from 1; ``deadline`` is when the lease ends (broker clock, epoch
+    seconds). The worker heartbeats running jobs by itself; ``await job.heartbeat()``
+    extends the lease at once and answers whether it still held.
+    """
+
+    id: str
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    deadline: float
+    lease: str
+    priority: int
+    visibility_timeout_s: float
+    _heartbeat: Callable[[], Awaitable[bool]] = field(repr=False, compare=False)
+
+    async def heartbeat(self) -> bool:
+        """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""
+        return await self._heartbeat()
+
+
+class Retry(Exception):
+    """Raise from a handler to retry the job: after ``delay_s``, or the broker's curve."""
+
+    def __init__(self, delay_s: float | None = None, error: str | None = None) -> None:
+        super().__init__(error or "retry")
+        self.delay_s = delay_s
+        self.error = error
+
+
+class Fail(Exception):
+    """Raise from a handler to dead-letter the job at once, with ``error`` as its reason."""
+
+    def __init__(self, error: str | None = None) -> None:
+        super().__init__(error or "failed")
+        self.error = error

@@ -1,0 +1,329 @@
+"""The worker runtime: subscribe, run handlers, heartbeat leases, report outcomes.
+
+A ``Worker`` holds one reconnecting session. Each pushed job runs in its own task
+under a cancel scope, with a heartbeat task beside it (about every third of the
+job's visibility timeout), and is reported when the handler ends:
+
+* the handler returns: ``ack``;
+* it raises ``Retry(delay_s, error)``: ``retry`` (the broker's backoff curve when
+  ``delay_s`` is ``None``);
+* it raises ``Fail(error)``: ``fail`` (dead-lettered at once);
+* it raises anything else: ``retry`` with the error ``"<Type>: <message>"``;
+* the broker cancels the job (a ``cancelled`` push): the handler is cancelled and
+  nothing is reported (the job is gone).
+
+A job stays "held" until the broker has answered its report, so that after a
+reconnect the worker re-attaches the leases of running and not-yet-reported jobs in
+``subscribe``, then resends the reports the outage swallowed.
+
+Shutdown (``stop()``, SIGTERM or SIGINT): ``unsubscribe`` so nothing new arrives, let
+running handlers finish within ``shutdown_timeout_s``, then cancel the rest (their
+jobs lapse back to the broker after its disconnect grace) and close. A second signal
+cancels everything at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+
+from ._client import DEFAULT_URL, normalize_url
+from ._errors import ConveyorError, InvalidArgument
+from ._session import Session
+from ._types import Fail, Job, Retry
+
+__all__ = ["Handler", "Worker"]
+
+log = logging.getLogger("conveyor.worker")
+
+Handler = Callable[[Job], Awaitable[None]] | Callable[[Job], None]
+H = TypeVar("H", bound=Handler)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    """Runs handlers for jobs pushed by the broker. See the module docstring.
+
+    ``queues`` are served in strict order (an earlier queue's job first); each needs a
+    handler, registered with ``@worker.handler(queue)``. ``prefetch`` is how many jobs
+    the broker may push before this worker reports any: it is also how many handlers
+    run at once. ``worker_id`` (default: host-pid-random) names this worker to the
+    broker; keep it stable across reconnects so leases re-attach.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        queues: Sequence[str] = (),
+        worker_id: str | None = None,
+        prefetch: int = 16,
+        token: str | None = None,
+        *,
+        shutdown_timeout_s: float = 30.0,
+        name: str = "conveyor-python-worker",
+    ) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise InvalidArgument(
+                f"prefetch: must be an int >= 1, got {prefetch!r}", field="prefetch"
+            )
+        self.url = normalize_url(url)
+        self.queues = list(queues)
+        self.worker_id = worker_id or _default_worker_id()
+        self.prefetch = prefetch
+        self.token = token
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.name = name
+        self._handlers: dict[str, Handler] = {}
+        self._held: dict[str, Job] = {}  # job id -> job, until its report is answered
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._cancelled: set[str] = set()
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._session: Session | None = None
+        self._limiter = anyio.CapacityLimiter(prefetch)
+        self._stopping = False
+        self._idle = asyncio.Event()  # set whenever no job is held
+        self._idle.set()
+        self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
+
+    # -- registration ---------------------------------------------------------------------
+
+    def handler(self, queue: str) -> Callable[[H], H]:
+        """Register the function that handles jobs of ``queue`` (async or plain)."""
+
+        def register(fn: H) -> H:
+            self._handlers[queue] = fn
+            if queue not in self.queues:
+                self.queues.append(queue)
+            return fn
+
+        return register
+
+    # -- running --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work until ``stop()`` or a signal. Raises ``InvalidArgument`` for a queue with no
+        handler, and ``Unauthorized`` when the broker refuses the token."""
+        missing = [q for q in self.queues if q not in self._handlers]
+        if not self.queues or missing:
+            raise InvalidArgument(
+                f"queues: no handler for {missing or 'any queue'}; use @worker.handler(queue)",
+                field="queues",
+            )
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._stopping = False
+        session = Session(
+            self.url,
+            token=self.token,
+            client_name=self.name,
+            on_connect=self._subscribe,
+            on_push=self._on_push,
+        )
+        self._session = session
+        signals = self._install_signals()
+        try:
+            async with anyio.create_task_group() as tg:
+                self._task_group = tg
+                tg.start_soon(self._run_session, session)
+                await self._stop.wait()
+                await self._drain(session)
+                tg.cancel_scope.cancel()
+        finally:
+            for sig in signals:
+                self._loop.remove_signal_handler(sig)
+            self._task_group = None
+            await session.close()
+
+    async def _run_session(self, session: Session) -> None:
+        await session.run()
+
+    def stop(self) -> None:
+        """Ask the worker to shut down gracefully (thread-safe; a second call is a no-op)."""
+        loop, stop = self._loop, self._stop
+        if loop is None or stop is None:
+            return
+        if threading.current_thread() is threading.main_thread() and _running_loop() is loop:
+            stop.set()
+        else:
+            loop.call_soon_threadsafe(stop.set)
+
+    def _install_signals(self) -> list[signal.Signals]:
+        if threading.current_thread() is not threading.main_thread():
+            return []
+        assert self._loop is not None
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._loop.add_signal_handler(sig, self._on_signal)
+            installed.append(sig)
+        return installed
+
+    def _on_signal(self) -> None:
+        if self._stopping and self._task_group is not None:
+            log.warning("second signal: stopping at once")
+            self._task_group.cancel_scope.cancel()
+            return
+        log.info("stopping: finishing %d running job(s)", len(self._scopes))
+        assert self._stop is not None
+        self._stop.set()
+
+    async def _drain(self, session: Session) -> None:
+        self._stopping = True
+        if session.connected.is_set():
+            try:
+                await session.request("unsubscribe", {}, resend=False)
+            except Exception:  # the connection may be gone; the jobs lapse either way
+                pass
+        with anyio.move_on_after(self.shutdown_timeout_s):
+            while self._held:
+                await self._idle.wait()
+        for scope in list(self._scopes.values()):
+            scope.cancel()
+
+    # -- the session's hooks --------------------------------------------------------------
+
+    async def _subscribe(self, session: Session) -> None:
+        leases = [{"id": job.id, "lease": job.lease} for job in self._held.values()]
+        reply = await session.request(
+            "subscribe",
+            {
+                "worker_id": self.worker_id,
+                "queues": self.queues,
+                "prefetch": self.prefetch,
+                "leases": leases,
+            },
+            resend=False,
+        )
+        lost = {job["id"] for job in leases} - set(reply.get("reattached", []))
+        if lost:
+            log.warning("%d job lease(s) lapsed during the outage; they run again", len(lost))
+        if self._stopping:
+            await session.request("unsubscribe", {}, resend=False)
+
+    def _on_push(self, frame: dict[str, Any]) -> None:
+        kind = frame.get("push")
+        tg = self._task_group
+        if kind == "jobs" and tg is not None:
+            for data in frame.get("jobs", []):
+                job = self._job(data)
+                if job.id in self._held:
+                    continue  # already running here (a re-push after a reconnect race)
+                self._held[job.id] = job
+                self._idle.clear()
+                tg.start_soon(self._run_job, job)
+        elif kind == "cancelled":
+            for job_id in frame.get("ids", []):
+                self._cancelled.add(job_id)
+                scope = self._scopes.get(job_id)
+                if scope is not None:
+                    scope.cancel()
+
+    def _job(self, data: dict[str, Any]) -> Job:
+        session = self._session
+        assert session is not None
+        job_id, lease = data["id"], data["lease"]
+
+        async def heartbeat() -> bool:
+            reply = await session.request("heartbeat", {"id": job_id, "lease": lease})
+            return bool(reply["landed"])
+
+        return Job(
+            id=job_id,
+            queue=data["queue"],
+            payload=data.get("payload"),
+            attempt=data["attempt"],
+            max_attempts=data["max_attempts"],
+            deadline=data["deadline"],
+            lease=lease,
+            priority=data.get("priority", 0),
+            visibility_timeout_s=data.get("visibility_timeout_s", 300.0),
+            _heartbeat=heartbeat,
+        )
+
+    # -- one job --------------------------------------------------------------------------
+
+    async def _run_job(self, job: Job) -> None:
+        report: tuple[str, dict[str, Any]] | None = None
+        try:
+            with anyio.CancelScope() as scope:
+                self._scopes[job.id] = scope
+                if job.id in self._cancelled:
+                    scope.cancel()
+                report = await self._call_handler(job)
+            self._scopes.pop(job.id, None)
+            if report is not None and job.id not in self._cancelled:
+                await self._report(job, *report)
+        finally:
+            self._scopes.pop(job.id, None)
+            self._cancelled.discard(job.id)
+            self._held.pop(job.id, None)
+            if not self._held:
+                self._idle.set()
+
+    async def _call_handler(self, job: Job) -> tuple[str, dict[str, Any]]:
+        handler = self._handlers[job.queue]
+        async with anyio.create_task_group() as beats:
+            beats.start_soon(self._heartbeats, job)
+            try:
+                if inspect.iscoroutinefunction(handler):
+                    await handler(job)
+                else:
+                    await anyio.to_thread.run_sync(
+                        handler, job, limiter=self._limiter, abandon_on_cancel=True
+                    )
+                outcome: tuple[str, dict[str, Any]] = ("ack", {})
+            except Retry as retry:
+                outcome = ("retry", {"delay_s": retry.delay_s, "error": retry.error})
+            except Fail as fail:
+                outcome = ("fail", {"error": fail.error})
+            except Exception as exc:
+                log.exception("handler for %s failed on job %s", job.queue, job.id)
+                outcome = ("retry", {"error": f"{type(exc).__name__}: {exc}"})
+            finally:
+                beats.cancel_scope.cancel()
+        self.handled += 1
+        return outcome
+
+    async def _heartbeats(self, job: Job) -> None:
+        interval = max(0.05, job.visibility_timeout_s / 3)
+        while True:
+            await anyio.sleep(interval)
+            try:
+                if not await job.heartbeat():
+                    log.warning("job %s: lease lapsed; its result will not count", job.id)
+                    return
+            except ConveyorError as exc:
+                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+
+    async def _report(self, job: Job, op: str, fields: dict[str, Any]) -> None:
+        session = self._session
+        assert session is not None
+        fields = {k: v for k, v in fields.items() if v is not None}
+        try:
+            reply = await session.request(op, {"id": job.id, "lease": job.lease, **fields})
+        except ConveyorError as exc:
+            log.warning("job %s: %s not delivered: %s", job.id, op, exc)
+            return
+        if not reply.get("landed"):
+            log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
