@@ -162,9 +162,18 @@ class Dispatcher:
         return len(sub.in_flight)
 
     def finished(self, sub: Subscription | None, job_id: str, lease: str) -> None:
-        """The worker answered for a job (ack, retry or fail, landed or not): free its slot."""
+        """The worker answered for a job (ack, retry or fail, landed or not): free its slot.
+
+        ``sub`` is the reporting connection's subscription, if any. Reports are accepted
+        on any connection (the lease is the credential), so a report of the current lease
+        made elsewhere frees the holder's slot.
+        """
         if sub is None or sub.in_flight.pop(lease, None) is None:
-            return
+            holder = self._holders.get(job_id)
+            if holder is None or holder[1] != lease:
+                return
+            sub = holder[0]
+            sub.in_flight.pop(lease, None)
         if self._holders.get(job_id) == (sub, lease):
             del self._holders[job_id]
         self._set_hungry(sub)
