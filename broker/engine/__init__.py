@@ -12,10 +12,13 @@ Exceptions::
 """
 
 from ._errors import InvalidArgument, PayloadTooLarge
-from ._table import JobHandle, JobTable, Queue
+from ._table import QUEUE_FIELDS, ROW_FIELDS, Changes, JobHandle, JobTable, Queue
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
 __all__ = [
+    "QUEUE_FIELDS",
+    "ROW_FIELDS",
+    "Changes",
     "InvalidArgument",
     "Job",
     "JobHandle",

@@ -37,6 +37,15 @@ class Heap:
         heappush(self.items, entry)
         setattr(entry[-1], self._attr, entry)
 
+    def append(self, entry: tuple[Any, ...]) -> None:
+        """Add ``entry`` without ordering it: call ``rebuild()`` before any other use."""
+        self.items.append(entry)
+        setattr(entry[-1], self._attr, entry)
+
+    def rebuild(self) -> None:
+        """Restore heap order after ``append`` calls, in O(n)."""
+        heapify(self.items)
+
     def top(self) -> tuple[Any, ...] | None:
         """The smallest live entry, or ``None``. Drops stale entries it meets."""
         items = self.items

@@ -32,7 +32,7 @@ import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _guards as guard
 from ._errors import InvalidArgument
@@ -224,10 +224,12 @@ class Queue:
     def pause(self) -> None:
         """Stop handing out jobs from this queue; nothing else changes."""
         self._paused = True
+        self._table._touch_queue(self)
 
     def resume(self) -> None:
         """Hand out jobs again."""
         self._paused = False
+        self._table._touch_queue(self)
 
     # -- enqueue --------------------------------------------------------------------------
 
@@ -401,6 +403,7 @@ class Queue:
             row.deadline = now + row.visibility_timeout_s
             self._n_processing += 1
             self._push(self._leases, (row.deadline, row.seq, row))
+            self._table._touch(row)
             handles.append(JobHandle(self, row, self._table._snapshot(row)))
         return handles
 
@@ -465,6 +468,7 @@ class Queue:
             return False
         # The lease heap entry keeps the old, earlier deadline; _advance re-keys it.
         row.deadline = now + row.visibility_timeout_s
+        self._table._touch(row)
         return True
 
     def _lapse(self, row: _Row, lease: str) -> bool:
@@ -475,6 +479,7 @@ class Queue:
         self._leases.forget(row)
         row.deadline = now
         self._push(self._leases, (now, row.seq, row))
+        self._table._touch(row)
         self._advance(now)
         return True
 
@@ -607,6 +612,7 @@ class Queue:
 
     def _place_pending(self, row: _Row, now: float) -> None:
         """File a pending row under ready or scheduled by its ``ready_at``."""
+        self._table._touch(row)
         if row.ready_at <= now:
             self._push(self._ready, (-row.priority, row.ready_at, row.seq, row))
             self._n_ready += 1
@@ -665,6 +671,7 @@ class Queue:
 
     def _kill(self, row: _Row, error: str, now: float) -> None:
         """Move an unlinked row to dead (contract, "Dead letters")."""
+        self._table._touch(row)
         if row._exp_entry is not None:
             self._expiry.forget(row)
         row.state = DEAD
@@ -678,6 +685,7 @@ class Queue:
 
     def _delete(self, row: _Row) -> None:
         """Remove a row for good (ack, cancel, purge, retention)."""
+        self._table._touch(row)
         self._unlink(row)
         if row._exp_entry is not None:
             self._expiry.forget(row)
@@ -718,6 +726,9 @@ class JobTable:
         self._rows: dict[int, _Row] = {}
         self._seq = 0
         self._leases_issued = 0
+        # Rows and queues changed since the last take_changes(), when a store listens.
+        self._journal: dict[int, _Row] | None = None
+        self._journal_queues: set[Queue] = set()
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -732,6 +743,7 @@ class JobTable:
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = Queue(self, name, checked or QueueOpts())
+            self._touch_queue(queue)
         elif checked is not None:
             queue._opts = checked
         return queue
@@ -810,7 +822,113 @@ class JobTable:
                 best = t
         return best
 
+    # -- what a store needs ---------------------------------------------------------------
+
+    def start_journal(self) -> None:
+        """Record every change from now on, for ``take_changes()`` (a durable store calls it)."""
+        if self._journal is None:
+            self._journal = {}
+
+    @property
+    def has_changes(self) -> bool:
+        """Whether anything changed since the last ``take_changes()``."""
+        return bool(self._journal) or bool(self._journal_queues)
+
+    def take_changes(self) -> Changes:
+        """What changed since the last call, as plain tuples a store can write as they are.
+
+        Rows come as ``ROW_FIELDS`` tuples (upserts) or as the seq of a deleted row; each
+        changed queue as ``QUEUE_FIELDS``. Call it on the thread that uses the table: the
+        tuples are snapshots, safe to hand to another thread afterwards.
+        """
+        journal = self._journal
+        if journal is None:
+            raise RuntimeError("take_changes() needs start_journal() first")
+        upserts = []
+        deleted = []
+        for seq, row in journal.items():
+            if row.state is None:
+                deleted.append(seq)
+            else:
+                upserts.append(_row_tuple(row))
+        queues = [_queue_tuple(queue) for queue in self._journal_queues]
+        self._journal = {}
+        self._journal_queues = set()
+        return Changes(upserts, deleted, queues, (self.id_prefix, self._seq, self._leases_issued))
+
+    @classmethod
+    def restore(
+        cls,
+        meta: tuple[str, int, int],
+        queues: Iterable[tuple[Any, ...]],
+        rows: Iterable[tuple[Any, ...]],
+        *,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
+        max_payload_bytes: int = 1 << 20,
+    ) -> JobTable:
+        """A table rebuilt from what ``take_changes()`` gave a store, journal on.
+
+        ``meta`` is ``(id_prefix, seq, leases_issued)``; ``queues`` are ``QUEUE_FIELDS``
+        tuples and ``rows`` ``ROW_FIELDS`` tuples, in any order. Leases valid at the
+        save stay valid until their deadline. Raises ``ValueError`` for a row that names
+        an unknown state. Costs O(n) (heaps are built in one go, not row by row).
+        """
+        id_prefix, seq, leases_issued = meta
+        table = cls(clock=clock, rng=rng, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes)
+        table._seq = seq
+        table._leases_issued = leases_issued
+        for name, paused, *totals in queues:
+            queue = table.queue(name)
+            queue._paused = bool(paused)
+            queue._totals = [int(t) for t in totals]
+        now = table._now()
+        dead: list[_Row] = []
+        for values in rows:
+            row = _row_from_tuple(table, values)
+            table._rows[row.seq] = row
+            queue = row.queue
+            if row.key is not None:
+                queue._keys[row.key] = row
+            if row.state is DEAD:
+                dead.append(row)
+                continue
+            if row.expires_at is not None:
+                queue._expiry.append((row.expires_at, row.seq, row))
+            if row.state is PENDING:
+                if row.ready_at <= now:
+                    queue._ready.append((-row.priority, row.ready_at, row.seq, row))
+                    queue._n_ready += 1
+                else:
+                    queue._scheduled.append((row.ready_at, row.seq, row))
+                    queue._n_scheduled += 1
+            else:
+                assert row.deadline is not None
+                queue._leases.append((row.deadline, row.seq, row))
+                queue._n_processing += 1
+        dead.sort(key=lambda r: (r.died_at, r.seq))
+        for row in dead:
+            row.queue._dead[row.seq] = row
+        for queue in table._queues.values():
+            for heap in (queue._ready, queue._scheduled, queue._leases):
+                heap.rebuild()
+                for entry in heap.items:
+                    entry[-1]._heap = heap
+            queue._expiry.rebuild()
+        table.start_journal()
+        return table
+
     # -- internals ------------------------------------------------------------------------
+
+    def _touch(self, row: _Row) -> None:
+        journal = self._journal
+        if journal is not None:
+            journal[row.seq] = row
+            self._journal_queues.add(row.queue)
+
+    def _touch_queue(self, queue: Queue) -> None:
+        if self._journal is not None:
+            self._journal_queues.add(queue)
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -857,3 +975,126 @@ class JobTable:
             key=row.key,
             seq=row.seq,
         )
+
+
+#: The order of a row tuple in ``take_changes()`` and ``restore()``: the stored columns.
+ROW_FIELDS = (
+    "seq",
+    "queue",
+    "state",
+    "payload",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "visibility_timeout_s",
+    "backoff_base_s",
+    "backoff_max_s",
+    "enqueued_at",
+    "ready_at",
+    "expires_at",
+    "worker_id",
+    "deadline",
+    "lease",
+    "last_error",
+    "died_at",
+    "key",
+)
+
+#: The order of a queue tuple: its name, whether paused, and its running totals.
+QUEUE_FIELDS = (
+    "name",
+    "paused",
+    "enqueued",
+    "completed",
+    "retried",
+    "dead",
+    "expired",
+    "cancelled",
+)
+
+
+class Changes(NamedTuple):
+    """What ``JobTable.take_changes()`` returns."""
+
+    upserts: list[tuple[Any, ...]]  # ROW_FIELDS tuples
+    deleted: list[int]  # seqs
+    queues: list[tuple[Any, ...]]  # QUEUE_FIELDS tuples
+    meta: tuple[str, int, int]  # id_prefix, last seq, leases issued
+
+
+def _row_tuple(row: _Row) -> tuple[Any, ...]:
+    state = row.state
+    assert state is not None
+    return (
+        row.seq,
+        row.queue.name,
+        state.value,
+        row.payload,
+        row.priority,
+        row.attempts,
+        row.max_attempts,
+        row.visibility_timeout_s,
+        row.backoff_base_s,
+        row.backoff_max_s,
+        row.enqueued_at,
+        row.ready_at,
+        row.expires_at,
+        row.worker_id,
+        row.deadline,
+        row.lease,
+        row.last_error,
+        row.died_at,
+        row.key,
+    )
+
+
+def _queue_tuple(queue: Queue) -> tuple[Any, ...]:
+    return (queue.name, queue._paused, *queue._totals)
+
+
+def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
+    (
+        seq,
+        queue_name,
+        state,
+        payload,
+        priority,
+        attempts,
+        max_attempts,
+        visibility,
+        base,
+        cap,
+        enqueued_at,
+        ready_at,
+        expires_at,
+        worker_id,
+        deadline,
+        lease,
+        last_error,
+        died_at,
+        key,
+    ) = values
+    row = _Row(
+        seq,
+        table.queue(queue_name),
+        bytes(payload),
+        priority,
+        max_attempts,
+        visibility,
+        base,
+        cap,
+        enqueued_at,
+        ready_at,
+        expires_at,
+        key,
+    )
+    row.state = JobState(state)
+    row.attempts = attempts
+    row.worker_id = worker_id
+    row.deadline = deadline
+    row.lease = lease
+    row.last_error = last_error
+    row.died_at = died_at
+    if row.state is PROCESSING and (lease is None or deadline is None):
+        raise ValueError(f"row {seq}: processing without a lease")
+    return row

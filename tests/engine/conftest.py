@@ -1,12 +1,22 @@
-"""Fixtures for the engine's contract tests: a manual clock and a seeded table."""
+"""Fixtures for the engine's contract tests: a manual clock and a seeded table.
+
+The ``table`` fixture is the conformance suite's seam: every contract test runs once
+on the in-memory table and once on a table kept in SQLite. In the SQLite run, each time
+the test moves the clock, and again when it ends, everything the table decided so far is
+committed to the file, a second table is rebuilt from that file alone, and the two must
+agree on every job, every queue's counts and the next timed event.
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from broker.engine import JobTable
+from broker.store import SqliteStore
 
 START = 1000.0
 
@@ -16,17 +26,22 @@ class ManualClock:
 
     def __init__(self, now: float = START) -> None:
         self.now = now
+        self.on_advance: list[Callable[[], None]] = []
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, dt: float) -> float:
         assert dt >= 0, "the clock never goes backwards"
+        for hook in self.on_advance:
+            hook()
         self.now += dt
         return self.now
 
     def set(self, t: float) -> float:
         assert t >= self.now, "the clock never goes backwards"
+        for hook in self.on_advance:
+            hook()
         self.now = t
         return self.now
 
@@ -41,6 +56,41 @@ def rng() -> random.Random:
     return random.Random(1234)
 
 
-@pytest.fixture
-def table(clock: ManualClock, rng: random.Random) -> JobTable:
-    return JobTable(clock=clock, rng=rng, id_prefix="t")
+def assert_same(live: JobTable, path: Path, clock: ManualClock) -> None:
+    """Commit ``live``'s changes to ``path``, rebuild a table from the file, compare."""
+    store = SqliteStore(path)
+    try:
+        restored = store.load(clock=clock, rng=random.Random(0), max_payload_bytes=1 << 20)
+    finally:
+        store.close()
+    assert sorted(restored.queues()) == sorted(live.queues())
+    for name in live.queues():  # options are configuration, not stored state
+        restored.queue(name, live.queue(name).opts)
+    for n in range(1, live._seq + 1):
+        job_id = f"{live.id_prefix}{n:x}"
+        assert restored.get_job(job_id) == live.get_job(job_id), job_id
+    for name in live.queues():
+        assert restored.queue(name).stats() == live.queue(name).stats(), name
+    assert restored.next_event_at() == live.next_event_at()
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def table(
+    request: pytest.FixtureRequest, clock: ManualClock, rng: random.Random, tmp_path: Path
+) -> Iterator[JobTable]:
+    if request.param == "memory":
+        yield JobTable(clock=clock, rng=rng, id_prefix="t")
+        return
+    path = tmp_path / "conveyor.db"
+    store = SqliteStore(path)
+    live = store.load(clock=clock, rng=rng, max_payload_bytes=1 << 20, id_prefix="t")
+
+    def checkpoint() -> None:
+        store.write(live.take_changes())
+        assert_same(live, path, clock)
+
+    clock.on_advance.append(checkpoint)
+    yield live
+    clock.on_advance.remove(checkpoint)
+    checkpoint()
+    store.close()

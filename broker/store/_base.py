@@ -1,0 +1,46 @@
+"""The store interface every backend implements."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from ..engine import Changes, JobTable
+
+__all__ = ["Store", "StoreError"]
+
+
+class StoreError(Exception):
+    """The store cannot be opened, read or written. The broker must not go on."""
+
+
+class Store(Protocol):
+    """What the server needs from a store.
+
+    ``load`` once at start; then, when ``durable``, ``commit`` each batch of changes
+    (one call at a time, in order) and release the replies that depend on it when it
+    returns; ``close`` at the end.
+    """
+
+    name: str
+    durable: bool
+
+    def load(
+        self,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random,
+        max_payload_bytes: int,
+        id_prefix: str | None = None,
+    ) -> JobTable:
+        """The table as last committed (a new empty one the first time). Raises StoreError."""
+        ...
+
+    async def commit(self, changes: Changes) -> None:
+        """Write ``changes`` in one transaction; return once it is durable. Raises StoreError."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the backend. Idempotent."""
+        ...

@@ -1,0 +1,230 @@
+"""The SQLite store: the job table in one file, written by group commit.
+
+Durability (docs in README, "What is promised"): the database runs in WAL mode. With
+``sync="full"`` (the default) SQLite fsyncs the WAL at every commit, so a committed
+batch survives an OS crash or power loss, not only a killed process. ``sync="normal"``
+fsyncs only at checkpoints: a killed process loses nothing committed, but an OS crash
+may lose the last batches. It is faster, and weaker, and must be asked for.
+
+All writing happens on one thread of its own, one transaction per batch, so the event
+loop never waits on the disk; the server holds the replies of a batch until ``commit``
+returns. Reading happens once, at ``load``.
+
+Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
+from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
+database, or was made by a newer Conveyor is refused with a ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..engine import QUEUE_FIELDS, ROW_FIELDS, Changes, JobTable
+from ._base import StoreError
+
+__all__ = ["SqliteStore"]
+
+# "Conv": marks a database as Conveyor's, so another program's file is never mistaken.
+_APPLICATION_ID = 0x436F6E76
+
+_SCHEMA_V1 = """
+CREATE TABLE jobs (
+    seq INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    priority INTEGER NOT NULL,
+    attempts INTEGER NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    visibility_timeout_s REAL NOT NULL,
+    backoff_base_s REAL NOT NULL,
+    backoff_max_s REAL NOT NULL,
+    enqueued_at REAL NOT NULL,
+    ready_at REAL NOT NULL,
+    expires_at REAL,
+    worker_id TEXT,
+    deadline REAL,
+    lease TEXT,
+    last_error TEXT,
+    died_at REAL,
+    key TEXT
+);
+CREATE TABLE queues (
+    name TEXT PRIMARY KEY,
+    paused INTEGER NOT NULL,
+    enqueued INTEGER NOT NULL,
+    completed INTEGER NOT NULL,
+    retried INTEGER NOT NULL,
+    dead INTEGER NOT NULL,
+    expired INTEGER NOT NULL,
+    cancelled INTEGER NOT NULL
+);
+CREATE TABLE meta (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    id_prefix TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    leases_issued INTEGER NOT NULL
+);
+"""
+
+# _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
+_VERSION = len(_MIGRATIONS)
+
+_UPSERT_JOB = (
+    f"INSERT OR REPLACE INTO jobs ({', '.join(ROW_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in ROW_FIELDS)})"
+)
+_UPSERT_QUEUE = (
+    f"INSERT OR REPLACE INTO queues ({', '.join(QUEUE_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in QUEUE_FIELDS)})"
+)
+
+
+class SqliteStore:
+    """A job table kept in the SQLite file at ``path``. See the module docstring."""
+
+    name = "sqlite"
+    durable = True
+
+    def __init__(self, path: str | Path, *, sync: str = "full") -> None:
+        if sync not in ("full", "normal"):
+            raise StoreError(f"sync: must be 'full' or 'normal', got {sync!r}")
+        self.path = Path(path)
+        self.sync = sync
+        self._db: sqlite3.Connection | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
+        self._lock = threading.Lock()
+        self.commits = 0  # transactions written (for metrics)
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot open: {exc}") from None
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if app_id != _APPLICATION_ID and (tables or version or app_id):
+                raise StoreError(
+                    f"{self.path}: this is not a Conveyor database (another program's SQLite file)"
+                )
+            if version > _VERSION:
+                raise StoreError(
+                    f"{self.path}: made by a newer Conveyor (schema {version}; "
+                    f"this one knows up to {_VERSION})"
+                )
+            mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{self.path}: cannot switch to WAL mode (got {mode})")
+            db.execute(f"PRAGMA synchronous={self.sync.upper()}")
+            # Bound the WAL file: after a checkpoint it is cut back to this size.
+            db.execute("PRAGMA journal_size_limit=67108864")
+            for step in range(version, _VERSION):
+                db.execute("BEGIN IMMEDIATE")
+                _run_script(db, _MIGRATIONS[step])
+                db.execute(f"PRAGMA user_version={step + 1}")
+                db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
+                db.execute("COMMIT")
+        except StoreError:
+            db.close()
+            raise
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
+        return db
+
+    def load(
+        self,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random,
+        max_payload_bytes: int,
+        id_prefix: str | None = None,
+    ) -> JobTable:
+        """Open (creating or upgrading) the file and rebuild the table from it.
+
+        ``id_prefix`` applies only to a new, empty database (a stored one keeps its own).
+        """
+        db = self._open()
+        self._db = db
+        try:
+            meta = db.execute("SELECT id_prefix, seq, leases_issued FROM meta").fetchone()
+            if meta is None:
+                table = JobTable(
+                    clock=clock, rng=rng, max_payload_bytes=max_payload_bytes, id_prefix=id_prefix
+                )
+                table.start_journal()
+                return table
+            queues = db.execute(f"SELECT {', '.join(QUEUE_FIELDS)} FROM queues").fetchall()
+            rows = db.execute(f"SELECT {', '.join(ROW_FIELDS)} FROM jobs ORDER BY seq")
+            return JobTable.restore(
+                (meta[0], meta[1], meta[2]),
+                queues,
+                rows,
+                clock=clock,
+                rng=rng,
+                max_payload_bytes=max_payload_bytes,
+            )
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise StoreError(f"{self.path}: a stored row makes no sense: {exc}") from None
+
+    # -- writing --------------------------------------------------------------------------
+
+    async def commit(self, changes: Changes) -> None:
+        """Write one batch in one transaction on the writer thread; return when durable."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._writer, self.write, changes)
+
+    def write(self, changes: Changes) -> None:
+        """``commit``, on the calling thread (for tools and tests with no event loop)."""
+        db = self._db
+        if db is None:
+            raise StoreError("the store is closed")
+        with self._lock:
+            try:
+                db.execute("BEGIN")
+                if changes.upserts:
+                    db.executemany(_UPSERT_JOB, changes.upserts)
+                if changes.deleted:
+                    db.executemany(
+                        "DELETE FROM jobs WHERE seq = ?", [(s,) for s in changes.deleted]
+                    )
+                if changes.queues:
+                    db.executemany(_UPSERT_QUEUE, changes.queues)
+                db.execute(
+                    "INSERT OR REPLACE INTO meta (id, id_prefix, seq, leases_issued) "
+                    "VALUES (1, ?, ?, ?)",
+                    changes.meta,
+                )
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise StoreError(f"{self.path}: write failed: {exc}") from None
+            self.commits += 1
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    """Run each statement of ``script`` inside the caller's transaction."""
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
