@@ -182,6 +182,10 @@ def check(config: Config) -> None:
     for name in ("max_frame_bytes", "max_payload_bytes"):
         if getattr(config, name) < 1024:
             raise ConfigError(f"{name}: must be at least 1024, got {getattr(config, name)}")
+    if config.max_prefetch < 16:
+        raise ConfigError(
+            f"max_prefetch: must be at least 16 (the default prefetch), got {config.max_prefetch}"
+        )
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: unknown level {config.log_level!r}")
 

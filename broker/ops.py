@@ -148,14 +148,9 @@ def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
             f"prefetch: must be at most {broker.config.max_prefetch}, got {prefetch}",
             "prefetch",
         )
-    queues = []
-    for i, name in enumerate(f["queues"]):
-        try:
-            queues.append(broker.queue(name))
-        except WireError as exc:
-            exc.field = f"queues[{i}]"
-            exc.message = f"queues[{i}]" + exc.message.removeprefix("queue")
-            raise
+    for i, name in enumerate(f["queues"]):  # all checked before any queue is made
+        broker.check_queue_name(name, f"queues[{i}]")
+    queues = [broker.queue(name) for name in f["queues"]]
     sub = Subscription(f["worker_id"], queues, prefetch, conn.send)
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub

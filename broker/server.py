@@ -49,7 +49,7 @@ from sdk._wire import (
 from . import __version__
 from .config import Config
 from .dispatch import Dispatcher, Subscription, wall_clock
-from .engine import InvalidArgument, JobTable, Queue
+from .engine import InvalidArgument, JobTable, Queue, check_queue_name
 from .ops import HANDLERS
 
 __all__ = ["Broker", "Connection", "running_broker"]
@@ -85,6 +85,13 @@ class Broker:
         """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
         try:
             return self.table.queue(name)
+        except InvalidArgument as exc:
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
+
+    def check_queue_name(self, name: str, field: str) -> None:
+        """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid queue name."""
+        try:
+            check_queue_name(name)
         except InvalidArgument as exc:
             raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
 
@@ -186,13 +193,21 @@ class Connection:
         self._wake = asyncio.Event()
         self._bad_in_a_row = 0
         self._closing = False
+        # Set when the outbox has been written out (the reader waits on it, see run).
+        self._drained = asyncio.Event()
+        # A close to start once the error reply of the frame being handled is queued.
+        self._close_after_reply: tuple[int, str] | None = None
         config = broker.config
         header_token = _bearer(ws.request.headers) if ws.request is not None else None
         self.roles: frozenset[Role] = frozenset()
         if not config.tokens:
             self.roles = frozenset(Role)
         elif header_token:
-            self._take_token(header_token)
+            try:
+                self._take_token(header_token)
+            except WireError:  # over the per-token limit: no reply to give, just close
+                assert self._close_after_reply is not None
+                self.close_soon(*self._close_after_reply)
 
     # -- authentication -------------------------------------------------------------------
 
@@ -206,7 +221,7 @@ class Connection:
                 return  # the header already authenticated this connection
             raise WireError(ErrorCode.UNAUTHORIZED, "token: this broker needs a token", "token")
         if config.roles_for(token) is None:
-            self.close_soon(CLOSE_POLICY_VIOLATION, "unknown token")
+            self._close_after_reply = (CLOSE_POLICY_VIOLATION, "unknown token")
             raise WireError(ErrorCode.UNAUTHORIZED, "token: unknown token", "token")
         self._take_token(token)
 
@@ -220,7 +235,10 @@ class Connection:
             self.token = None
         if self.token is None:
             if per_token.get(token, 0) >= config.max_connections_per_token:
-                self.close_soon(CLOSE_TRY_AGAIN_LATER, "too many connections for this token")
+                self._close_after_reply = (
+                    CLOSE_TRY_AGAIN_LATER,
+                    "too many connections for this token",
+                )
                 raise WireError(
                     ErrorCode.LIMIT_EXCEEDED,
                     f"token: at most {config.max_connections_per_token} connections per token",
@@ -251,37 +269,57 @@ class Connection:
         self._close_reason = reason
         self._wake.set()
 
-    async def _writer(self) -> None:
+    async def _writer(self, scope: anyio.CancelScope) -> None:
+        """Write the outbox in order, then close when asked; the connection ends with it."""
         ws = self.ws
         outbox = self._outbox
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while outbox:
-                await ws.send(outbox.popleft(), text=True)
-            if self._closing:
-                await ws.close(self._close_code, self._close_reason)
-                return
+        # A peer that takes no bytes for this long is as dead as one that misses a pong,
+        # and no close frame can reach it either: its connection is cut instead.
+        bound = self.broker.config.ping_timeout_s
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while outbox:
+                    with anyio.fail_after(bound):
+                        await ws.send(outbox.popleft(), text=True)
+                self._drained.set()
+                if self._closing:
+                    with anyio.fail_after(bound):
+                        await ws.close(self._close_code, self._close_reason)
+                    return
+        except TimeoutError:
+            log.info("dropped a connection that stopped reading its frames")
+            ws.transport.abort()
+        except ConnectionClosed:
+            pass
+        finally:
+            scope.cancel()  # the reader and the authentication deadline end too
 
     # -- receiving ------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Read frames until the peer goes; the writer runs beside it."""
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._writer)
-                if self.broker.config.tokens and not self.roles:
-                    tg.start_soon(self._auth_deadline)
-                try:
-                    async for message in self.ws:
-                        self.handle_frame(message)
-                        if self._closing:
-                            break
-                finally:
-                    if not self._closing:
-                        tg.cancel_scope.cancel()
-        except ConnectionClosed:
-            pass
+        # Replies waiting beyond this make the reader pause until they are written, so a
+        # peer that pipelines requests is slowed by TCP flow control, not dropped as slow.
+        high_water = max(1, self.broker.config.max_outbox_frames // 2)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, tg.cancel_scope)
+            if self.broker.config.tokens and not self.roles:
+                tg.start_soon(self._auth_deadline)
+            try:
+                async for message in self.ws:
+                    self.handle_frame(message)
+                    if self._closing:
+                        break  # the writer sends what is queued, closes, and ends the group
+                    if len(self._outbox) >= high_water:
+                        self._drained.clear()
+                        await self._drained.wait()
+            except ConnectionClosed:
+                pass
+            finally:
+                if not self._closing:
+                    tg.cancel_scope.cancel()
 
     async def _auth_deadline(self) -> None:
         await anyio.sleep(self.broker.config.handshake_timeout_s)
@@ -323,6 +361,8 @@ class Connection:
 
     def _refuse(self, exc: WireError) -> None:
         self.send(exc.reply())
+        if self._close_after_reply is not None:
+            self.close_soon(*self._close_after_reply)
         if exc.code in _GARBAGE:
             self._bad_in_a_row += 1
             if self._bad_in_a_row >= self.broker.config.max_bad_frames:

@@ -30,6 +30,7 @@ Exceptions::
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -364,12 +365,32 @@ def decode(data: str | bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
+        obj = _decode_huge_numbers(data, exc)
     if not isinstance(obj, dict):
         raise WireError(
             ErrorCode.BAD_FRAME, f"a frame must be a JSON object, got {_json_type(obj)}"
         )
     return obj
+
+
+def _decode_huge_numbers(data: str | bytes, exc: orjson.JSONDecodeError) -> Any:
+    """Valid JSON holding a number too large for a double (``1e400``), which orjson refuses.
+
+    JSON allows such numbers, so the frame is read (by the standard library, which makes
+    them infinities) and the field that holds one is refused by its own check ("must be
+    finite", "must be strict JSON"), naming the field. Anything else orjson refused is
+    ``bad_json``, and so are the non-standard ``NaN`` and ``Infinity`` literals.
+    """
+    if "number is infinity" not in str(exc):
+        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
+
+    def refuse(literal: str) -> Any:
+        raise ValueError(f"{literal} is not JSON")
+
+    try:
+        return json.loads(data, parse_constant=refuse)
+    except (ValueError, RecursionError):
+        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
 
 
 def decode_value(data: str | bytes) -> Any:

@@ -12,6 +12,7 @@ Exceptions::
 """
 
 from ._errors import InvalidArgument, PayloadTooLarge
+from ._guards import queue_name as check_queue_name
 from ._table import QUEUE_FIELDS, ROW_FIELDS, Changes, JobHandle, JobTable, Queue
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
@@ -32,4 +33,5 @@ __all__ = [
     "QueueTotals",
     "RawJSON",
     "SweepResult",
+    "check_queue_name",
 ]

@@ -1,0 +1,245 @@
+"""Authentication, roles, origins and connection limits (docs/protocol.md §1, §4, §11, §12).
+
+Every test runs a real broker with tokens configured and talks to it with raw clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+import pytest
+from websockets.exceptions import InvalidStatus
+
+from broker.server import Broker
+from sdk._wire import OPS, Role
+
+from .conftest import ClientFactory, RawClient, with_config
+
+PUBLISH = "pub-7f3a9c1e-secret"
+WORK = "work-2b8d4e6f-secret"
+READ = "read-9c1a5b3d-secret"
+ADMIN = "admin-4e6f8a2c-secret"
+TOKENS = {
+    PUBLISH: frozenset({Role.PUBLISH}),
+    WORK: frozenset({Role.WORK}),
+    READ: frozenset({Role.READ}),
+    ADMIN: frozenset({Role.ADMIN}),  # the admin role alone grants everything
+}
+TOKEN_OF = {Role.PUBLISH: PUBLISH, Role.WORK: WORK, Role.READ: READ, Role.ADMIN: ADMIN}
+
+secured = with_config(tokens=TOKENS)
+
+# One valid request per operation (hello and ping need no role), in an order in which
+# the admin's whole run succeeds: the queue exists before resume, subscribe comes
+# before unsubscribe.
+REQUESTS: list[tuple[str, dict[str, Any]]] = [
+    ("enqueue", {"queue": "q", "payload": 1}),
+    ("enqueue_batch", {"queue": "q", "jobs": [{"payload": 2}]}),
+    ("get_job", {"id": "no-such-job"}),
+    ("cancel", {"id": "no-such-job"}),
+    ("stats", {}),
+    ("subscribe", {"worker_id": "w", "queues": ["other"], "prefetch": 1}),
+    ("unsubscribe", {}),
+    ("ack", {"id": "x", "lease": "y"}),
+    ("retry", {"id": "x", "lease": "y"}),
+    ("fail", {"id": "x", "lease": "y"}),
+    ("heartbeat", {"id": "x", "lease": "y"}),
+    ("ack_batch", {"items": [{"id": "x", "lease": "y"}]}),
+    ("heartbeat_batch", {"items": [{"id": "x", "lease": "y"}]}),
+    ("pause", {"queue": "q"}),
+    ("resume", {"queue": "q"}),
+    ("redrive", {"id": "x"}),
+    ("purge_dead", {"queue": "q"}),
+    ("sweep", {}),
+]
+
+# docs/protocol.md §4, "Roles".
+ALLOWED = {
+    Role.PUBLISH: {"enqueue", "enqueue_batch", "get_job", "cancel", "stats"},
+    Role.WORK: {
+        "subscribe",
+        "unsubscribe",
+        "ack",
+        "retry",
+        "fail",
+        "heartbeat",
+        "ack_batch",
+        "heartbeat_batch",
+        "get_job",
+    },
+    Role.READ: {"get_job", "stats"},
+    Role.ADMIN: {op for op, _ in REQUESTS},
+}
+
+
+def error_code(reply: dict[str, Any]) -> str | None:
+    return None if reply["ok"] else reply["error"]["code"]
+
+
+def test_every_operation_is_in_the_role_matrix() -> None:
+    assert {op for op, _ in REQUESTS} == set(OPS) - {"hello", "ping"}
+
+
+@secured
+@pytest.mark.parametrize("role", list(Role))
+async def test_each_role_may_call_only_its_operations(client: ClientFactory, role: Role) -> None:
+    conn = await client()
+    hello = await conn.call("hello", token=TOKEN_OF[role], client="test/1")
+    assert hello["roles"] == [role.value]
+    for op, fields in REQUESTS:
+        reply = await conn.request(op, **fields)
+        if op in ALLOWED[role]:
+            assert reply["ok"] is True, (role, op, reply)
+        else:
+            assert error_code(reply) == "forbidden", (role, op, reply)
+            assert reply["error"]["field"] == "op"
+    if role is Role.READ:
+        # Nothing it was refused took effect: no queue was created by enqueue, pause
+        # or subscribe.
+        assert (await conn.call("stats"))["queues"] == {}
+
+
+@secured
+async def test_without_a_token_only_hello_and_ping_are_allowed(client: ClientFactory) -> None:
+    conn = await client()
+    for op, fields in REQUESTS:
+        reply = await conn.request(op, **fields)
+        assert error_code(reply) == "unauthorized", (op, reply)
+    assert (await conn.request("ping"))["ok"] is True
+    # hello without a token is refused, but the connection stays open so the client
+    # can try again with one.
+    reply = await conn.request("hello", client="browser")
+    assert error_code(reply) == "unauthorized"
+    assert reply["error"]["field"] == "token"
+    assert (await conn.call("hello", token=PUBLISH))["roles"] == ["publish"]
+    assert (await conn.request("enqueue", queue="q", payload=1))["ok"] is True
+
+
+@secured
+async def test_hello_with_a_wrong_token_is_refused_and_closed(client: ClientFactory) -> None:
+    conn = await client()
+    wrong = "not-a-real-token-5d1c"
+    reply = await conn.request("hello", token=wrong)
+    assert error_code(reply) == "unauthorized"
+    assert wrong not in orjson.dumps(reply).decode()
+    assert await conn.closed() == 1008
+
+
+@secured
+async def test_token_in_the_authorization_header(client: ClientFactory) -> None:
+    conn = await client(additional_headers={"Authorization": f"Bearer {PUBLISH}"})
+    # No hello needed: the header authenticated the connection.
+    assert (await conn.request("enqueue", queue="q", payload=1))["ok"] is True
+    reply = await conn.request("subscribe", worker_id="w", queues=["q"])
+    assert error_code(reply) == "forbidden"
+    # hello without a token keeps the header's roles.
+    assert (await conn.call("hello"))["roles"] == ["publish"]
+
+    # A token in hello replaces what the header granted.
+    other = await client(additional_headers={"Authorization": f"Bearer {PUBLISH}"})
+    assert (await other.call("hello", token=WORK))["roles"] == ["work"]
+    assert (await other.request("subscribe", worker_id="w2", queues=["q"]))["ok"] is True
+    assert error_code(await other.request("enqueue", queue="q", payload=2)) == "forbidden"
+
+
+@secured
+async def test_an_unknown_header_token_is_refused_at_the_handshake(
+    client: ClientFactory,
+) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        await client(additional_headers={"Authorization": "Bearer who-knows-8e2f"})
+    assert refused.value.response.status_code == 401
+    assert b"who-knows-8e2f" not in refused.value.response.body
+
+
+@with_config(origins=("https://dashboard.example",))
+async def test_browser_origins_are_held_to_the_allow_list(
+    broker: Broker, client: ClientFactory
+) -> None:
+    with pytest.raises(InvalidStatus) as refused:
+        await client(origin="https://evil.example")
+    assert refused.value.response.status_code == 403
+
+    port = broker.url.rsplit(":", 1)[1].split("/")[0]
+    for origin in (f"http://127.0.0.1:{port}", "https://dashboard.example", None):
+        conn = await client(origin=origin)
+        assert (await conn.request("ping"))["ok"] is True, origin
+
+
+@with_config(tokens=TOKENS, max_connections_per_token=1)
+async def test_connections_per_token_are_limited(client: ClientFactory) -> None:
+    first = await client()
+    await first.call("hello", token=PUBLISH)
+
+    # Over the limit by hello: answered limit_exceeded, then closed 1013.
+    second = await client()
+    reply = await second.request("hello", token=PUBLISH)
+    assert error_code(reply) == "limit_exceeded"
+    assert reply["error"]["field"] == "token"
+    assert await second.closed() == 1013
+
+    # Over the limit by header: closed 1013 at once.
+    third = await client(additional_headers={"Authorization": f"Bearer {PUBLISH}"})
+    assert await third.closed() == 1013
+
+    # Other tokens have their own count.
+    worker = await client()
+    await worker.call("hello", token=WORK)
+
+    # The slot frees when the first connection ends.
+    await first.ws.close()
+    fourth = await client()
+    assert (await fourth.call("hello", token=PUBLISH))["roles"] == ["publish"]
+
+
+@with_config(tokens=TOKENS, handshake_timeout_s=0.3)
+async def test_an_unauthenticated_connection_is_closed_after_the_handshake_timeout(
+    client: ClientFactory,
+) -> None:
+    loop = asyncio.get_running_loop()
+    by_header = await client(additional_headers={"Authorization": f"Bearer {WORK}"})
+    by_hello = await client()
+    await by_hello.call("hello", token=READ)
+    started = loop.time()
+    idle = await client()
+    # Even a connection that pings (allowed without a token) must authenticate in time.
+    assert (await idle.request("ping"))["ok"] is True
+    assert await idle.closed(timeout=5.0) == 1008
+    assert loop.time() - started >= 0.29
+    # The authenticated connections are past their deadline too, and still served.
+    assert (await by_header.request("ping"))["ok"] is True
+    assert (await by_hello.request("stats"))["ok"] is True
+
+
+@with_config(tokens=TOKENS, max_connections_per_token=1)
+async def test_tokens_never_appear_in_the_logs(
+    caplog: pytest.LogCaptureFixture, client: ClientFactory
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="conveyor")
+    # The CLI silences websockets' own loggers; its INFO-level records are checked anyway.
+    caplog.set_level(logging.INFO, logger="websockets.server")
+    wrong = "wrong-token-0a9b8c7d"
+
+    conn: RawClient = await client(additional_headers={"Authorization": f"Bearer {ADMIN}"})
+    await conn.call("hello", token=ADMIN, client="log-test")
+    with pytest.raises(InvalidStatus):
+        await client(additional_headers={"Authorization": f"Bearer {wrong}"})
+    with pytest.raises(InvalidStatus):
+        await client(origin="https://evil.example")
+    over = await client()
+    await over.request("hello", token=ADMIN)  # over the per-token limit
+    await over.closed()
+    bad = await client()
+    await bad.request("hello", token=wrong)
+    await bad.closed()
+    typo = await client()
+    await typo.request("hello", token=PUBLISH, tokne=PUBLISH)
+    await typo.request("hello", token=PUBLISH)
+    await conn.call("enqueue", queue="q", payload={"token": "payloads are not secrets"})
+
+    assert caplog.records, "expected the broker to log something while refusing"
+    for token in (*TOKENS, wrong):
+        assert token not in caplog.text
