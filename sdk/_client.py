@@ -296,6 +296,7 @@ class SyncClient:
     def close(self) -> None:
         """Close the connection and stop the background loop."""
         stack, self._stack = self._stack, None
+        self._portal = self._client = None  # later calls say to use `with`
         if stack is not None:
             stack.close()
 
@@ -306,7 +307,9 @@ class SyncClient:
 
     @property
     def _c(self) -> Client:
-        assert self._client is not None, "use SyncClient inside `with`"
+        # Not an assert: this is the caller's mistake to report, and -O drops asserts.
+        if self._client is None:
+            raise RuntimeError("use SyncClient inside `with SyncClient(...) as client:`")
         return self._client
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> str:

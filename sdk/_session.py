@@ -32,6 +32,19 @@ log = logging.getLogger("conveyor.sdk")
 _MAX_INCOMING = 16 * 1024 * 1024
 
 
+def _permanent(exc: ConveyorError) -> bool:
+    """Whether the broker's refusal of ``hello`` or ``subscribe`` outlasts a reconnect.
+
+    A wrong token, a token without the role, a bad queue name or a ``prefetch`` over the
+    limit are refused the same way every time; a broker shutting down (``unavailable``),
+    its bug (``internal``), a reply that never came, or too many connections for the
+    token (close 1013, "try again later") may pass.
+    """
+    if exc.code in ("unavailable", "internal", ConnectionFailed.code):
+        return False
+    return not (exc.code == "limit_exceeded" and exc.field == "token")
+
+
 class _Lost(Exception):
     """The socket closed under a request that is not resent (hello, subscribe)."""
 
@@ -162,7 +175,7 @@ class Session:
                 outage_since = None
                 tries = 0
             except ConveyorError as exc:
-                if exc.code == "unauthorized":  # a wrong token does not get better by retrying
+                if _permanent(exc):  # a wrong token does not get better by retrying
                     self._fail_all(exc)
                     await ws.close()
                     raise
@@ -222,6 +235,10 @@ class Session:
                     log.warning("the broker refused a request: %s", error.get("message"))
         except ConnectionClosed:
             pass
+        finally:
+            # No reply can come on this socket any more: a hello or subscribe still
+            # waiting must fail now (so that we reconnect), not at its request timeout.
+            self._fail_unresent()
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class Worker:
         self._session: Session | None = None
         self._limiter = anyio.CapacityLimiter(prefetch)
         self._stopping = False
+        self._fatal: ConveyorError | None = None  # a refusal that ended run()
         self._idle = asyncio.Event()  # set whenever no job is held
         self._idle.set()
         self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
@@ -117,7 +118,8 @@ class Worker:
 
     async def run(self) -> None:
         """Work until ``stop()`` or a signal. Raises ``InvalidArgument`` for a queue with no
-        handler, and ``Unauthorized`` when the broker refuses the token."""
+        handler (or a name the broker refuses), ``Unauthorized`` when the broker refuses the
+        token, ``Forbidden`` when the token lacks the work role."""
         missing = [q for q in self.queues if q not in self._handlers]
         if not self.queues or missing:
             raise InvalidArgument(
@@ -127,6 +129,7 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._stopping = False
+        self._fatal = None
         session = Session(
             self.url,
             token=self.token,
@@ -141,16 +144,26 @@ class Worker:
                 self._task_group = tg
                 tg.start_soon(self._run_session, session)
                 await self._stop.wait()
-                await self._drain(session)
+                if self._fatal is None:
+                    await self._drain(session)
                 tg.cancel_scope.cancel()
         finally:
             for sig in signals:
                 self._loop.remove_signal_handler(sig)
             self._task_group = None
             await session.close()
+        if self._fatal is not None:
+            raise self._fatal
 
     async def _run_session(self, session: Session) -> None:
-        await session.run()
+        # A refusal that reconnecting cannot cure (a wrong token, a token without the work
+        # role, a bad queue name) ends run() with that error itself, not a task group's.
+        try:
+            await session.run()
+        except ConveyorError as exc:
+            self._fatal = exc
+            assert self._stop is not None
+            self._stop.set()
 
     def stop(self) -> None:
         """Ask the worker to shut down gracefully (thread-safe; a second call is a no-op)."""

@@ -1,0 +1,131 @@
+"""The client commands of ``conveyor`` (``python -m broker``) against a broker subprocess."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import ROOT, WAIT, Lines, conveyor, free_port, stop
+
+
+def run(*args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        conveyor(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def ok(*args: str) -> Any:
+    """Run a command that must succeed; return the JSON it printed."""
+    done = run(*args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_enqueue_job_cancel_and_stats(broker_process: str) -> None:
+    url = broker_process
+    queue = f"cli-{uuid.uuid4().hex[:8]}"
+    enqueued = ok(
+        "enqueue", queue, '{"to": "a@b.c"}', "--priority", "3", "--delay", "60",
+        "--max-attempts", "2", "--key", "k1", "--url", url,
+    )  # fmt: skip
+    job_id = enqueued["id"]
+
+    job = ok("job", job_id, "--url", url)
+    assert job["id"] == job_id and job["queue"] == queue
+    assert job["payload"] == {"to": "a@b.c"}
+    assert (job["priority"], job["max_attempts"], job["key"]) == (3, 2, "k1")
+    assert job["ready_at"] == pytest.approx(job["enqueued_at"] + 60.0)
+
+    stats = ok("stats", "--queue", queue, "--url", url)
+    assert list(stats) == [queue]
+    assert stats[queue]["scheduled"] == 1 and stats[queue]["totals"]["enqueued"] == 1
+    assert queue in ok("stats", "--url", url)
+
+    assert ok("cancel", job_id, "--url", url) == {"cancelled": True}
+    assert ok("cancel", job_id, "--url", url) == {"cancelled": False}
+    assert ok("job", job_id, "--url", url) is None
+
+
+def test_an_unreachable_broker_exits_1_with_a_message() -> None:
+    done = run("stats", "--url", f"ws://127.0.0.1:{free_port()}", "--timeout", "0.5")
+    assert done.returncode == 1
+    assert "cannot reach the broker" in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_bad_json_payload_exits_2_with_a_message(broker_process: str) -> None:
+    done = run("enqueue", "q", "{to: nowhere", "--url", broker_process)
+    assert done.returncode == 2
+    assert "not valid JSON" in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_refused_request_exits_1_naming_the_error(broker_process: str) -> None:
+    done = run("enqueue", "bad queue name", "{}", "--url", broker_process)
+    assert done.returncode == 1
+    assert "invalid_argument" in done.stderr
+
+
+WORKER_MODULE = """
+    from sdk import Job, Worker
+
+    worker = Worker({url!r}, queues=[{queue!r}], prefetch=1)
+
+
+    @worker.handler({queue!r})
+    async def handle(job: Job) -> None:
+        print("handled", job.payload, flush=True)
+"""
+
+
+def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path: Path) -> None:
+    url = broker_process
+    queue = f"cli-work-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(WORKER_MODULE.format(url=url, queue=queue)))
+    proc = subprocess.Popen(
+        conveyor("worker", "tasks:worker"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        first = ok("enqueue", queue, "1", "--url", url)["id"]
+        second = ok("enqueue", queue, "2", "--url", url)["id"]
+        assert out.next(timeout=15) == "handled 1\n"
+        assert out.next() == "handled 2\n"
+        # prefetch=1: the second job came only once the first was acked.
+        assert ok("job", first, "--url", url) is None
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0
+        # Graceful: the job it had just handled was reported before it exited.
+        assert ok("job", second, "--url", url) is None
+    finally:
+        stop(proc)
+        out.join()
+        err.join()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_worker_with_a_bad_target_says_so(tmp_path: Path) -> None:
+    (tmp_path / "empty.py").write_text("nothing = None\n")
+    done = subprocess.run(
+        conveyor("worker", "empty:nothing"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    assert done.returncode != 0
+    assert "is not a sdk.Worker" in done.stderr

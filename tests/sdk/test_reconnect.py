@@ -1,0 +1,137 @@
+"""Reconnecting: a reply lost mid-enqueue, a cut under a running job, a broker restart."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+
+import pytest
+
+from broker.server import Broker, running_broker
+from sdk import Client, ConnectionFailed, Job, Worker
+
+from .conftest import BASE_CONFIG, WAIT, Probe, Proxy, running, with_config
+
+
+async def test_an_enqueue_whose_reply_was_lost_is_stored_once(
+    client: Client, proxy: Proxy, probe: Probe
+) -> None:
+    proxy.cut_after = b"enqueue"
+    async with Client(proxy.url, connect_timeout=WAIT, request_timeout=WAIT) as through:
+        job_id = await asyncio.wait_for(through.enqueue("once", {"n": 1}), WAIT)
+
+    assert proxy.cuts == 1 and proxy.accepted == 2  # it was cut, and it came back
+    sent = probe.handled("enqueue")
+    assert len(sent) == 2  # the broker got the request twice...
+    assert sent[0].fields["key"] == sent[1].fields["key"]  # ...with the same key
+    assert sent[0].result["id"] == sent[1].result["id"] == job_id
+    stats = (await client.stats("once"))["once"]
+    assert stats["totals"]["enqueued"] == 1 and stats["ready"] == 1
+
+
+async def test_enqueue_many_resent_after_a_lost_reply_stores_each_job_once(
+    client: Client, proxy: Proxy, probe: Probe
+) -> None:
+    proxy.cut_after = b"enqueue_batch"
+    async with Client(proxy.url, connect_timeout=WAIT, request_timeout=WAIT) as through:
+        ids = await asyncio.wait_for(through.enqueue_many("batch-once", [1, 2, 3]), WAIT)
+    assert proxy.cuts == 1
+    assert len(probe.handled("enqueue_batch")) == 2
+    assert len(set(ids)) == 3
+    assert (await client.stats("batch-once"))["batch-once"]["totals"]["enqueued"] == 3
+
+
+async def test_a_cut_during_subscribe_is_retried_promptly(
+    broker: Broker, client: Client, proxy: Proxy, probe: Probe
+) -> None:
+    handled = asyncio.Event()
+    proxy.cut_after = b"subscribe"
+    worker = Worker(proxy.url, queues=["resub"], shutdown_timeout_s=1.0)
+
+    @worker.handler("resub")
+    async def handle(job: Job) -> None:
+        handled.set()
+
+    async with running(worker, probe):  # returns once the first subscribe reached the broker
+        await client.enqueue("resub", {})
+        await asyncio.wait_for(handled.wait(), WAIT)
+    assert proxy.cuts == 1
+    assert len(probe.handled("subscribe")) == 2
+
+
+@with_config(disconnect_grace_s=5.0)
+async def test_a_worker_cut_off_mid_job_reattaches_its_lease(
+    broker: Broker, client: Client, proxy: Proxy, probe: Probe
+) -> None:
+    calls: list[int] = []
+    started = asyncio.Event()
+    release = asyncio.Event()
+    worker = Worker(proxy.url, queues=["reattach"], shutdown_timeout_s=1.0)
+
+    @worker.handler("reattach")
+    async def handle(job: Job) -> None:
+        calls.append(job.attempt)
+        started.set()
+        await release.wait()
+
+    async with running(worker, probe):
+        job_id = await client.enqueue("reattach", {})
+        await asyncio.wait_for(started.wait(), WAIT)
+        proxy.cut()
+        again = await probe.count("subscribe", 2)
+        assert again[1].result == {"reattached": [job_id]}
+        assert again[1].fields["worker_id"] == worker.worker_id
+        release.set()
+        ack = await probe.report("ack", job_id)
+    assert ack.result == {"landed": True}  # the job's first lease still counted
+    assert calls == [1]
+    assert await client.get_job(job_id) is None
+
+
+async def test_client_and_worker_reconnect_after_a_broker_restart(
+    probe: Probe, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="conveyor.sdk")
+    seen: list[str] = []
+    handled = asyncio.Event()
+
+    async def handle(job: Job) -> None:
+        seen.append(job.payload)
+        handled.set()
+
+    async with contextlib.AsyncExitStack() as stack:
+        async with running_broker(BASE_CONFIG) as first:
+            port = int(first.url.rsplit(":", 1)[1].split("/", 1)[0])
+            client = await stack.enter_async_context(
+                Client(first.url, connect_timeout=WAIT, request_timeout=WAIT)
+            )
+            worker = Worker(first.url, queues=["restart"], shutdown_timeout_s=1.0)
+            worker.handler("restart")(handle)
+            await stack.enter_async_context(running(worker, probe))
+            before = await client.enqueue("restart", "before")
+            await probe.report("ack", before)
+            handled.clear()
+
+        async with running_broker(replace(BASE_CONFIG, port=port)):
+            await probe.count("subscribe", 2)  # the worker came back by itself
+            job_id = await client.enqueue("restart", "after")  # so did the client
+            await asyncio.wait_for(handled.wait(), WAIT)
+            assert (await probe.report("ack", job_id)).result == {"landed": True}
+            warnings = [r.getMessage() for r in caplog.records if r.name == "conveyor.sdk"]
+            # Once per outage for each of the two connections, not once per try.
+            assert sum("lost the connection" in w for w in warnings) == 2, warnings
+            assert sum("reconnected" in w for w in warnings) == 2, warnings
+    assert seen == ["before", "after"]
+
+
+async def test_a_call_during_an_outage_fails_after_the_request_timeout() -> None:
+    async with running_broker(BASE_CONFIG) as broker:
+        client = Client(broker.url, connect_timeout=WAIT, request_timeout=0.3)
+        await client.__aenter__()
+    try:
+        with pytest.raises(ConnectionFailed):
+            await asyncio.wait_for(client.enqueue("gone", {}), WAIT)
+    finally:
+        await client.aclose()
