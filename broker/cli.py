@@ -18,6 +18,7 @@ from sdk._cli import add_client_commands
 from . import __version__
 from .config import ConfigError, add_serve_arguments, config_from_args
 from .server import Broker, serve_until_signalled
+from .store import StoreError
 
 __all__ = ["main"]
 
@@ -53,10 +54,14 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     def ready(broker: Broker) -> None:
-        print(f"conveyor listening on {broker.url} (store: {config.store})", flush=True)
+        where = f"sqlite {config.db_path}" if config.store == "sqlite" else config.store
+        print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
 
     try:
         asyncio.run(serve_until_signalled(config, ready))
+    except StoreError as exc:
+        print(f"conveyor: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1

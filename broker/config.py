@@ -39,7 +39,9 @@ class Config:
 
     host: str = "127.0.0.1"
     port: int = 8765
-    store: str = "memory"
+    store: str = "sqlite"
+    db_path: str = "conveyor.db"
+    sync: str = "full"
     tokens: Mapping[str, frozenset[Role]] = field(default_factory=dict)
     origins: Sequence[str] = ()
     tls_cert: str | None = None
@@ -88,7 +90,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--host", help="address to bind (env CONVEYOR_HOST; default 127.0.0.1)")
     add("--port", type=int, help="port to bind, 0 for any free one (CONVEYOR_PORT; 8765)")
-    add("--store", choices=["memory"], help="where the job table lives (CONVEYOR_STORE)")
+    add(
+        "--store",
+        choices=["sqlite", "memory"],
+        help="where the job table lives: sqlite (durable, the default) or memory "
+        "(fast, forgets everything at exit) (CONVEYOR_STORE)",
+    )
+    add("--db", help="the SQLite file (CONVEYOR_DB; default conveyor.db)")
+    add(
+        "--sync",
+        choices=["full", "normal"],
+        help="full: a confirmed change survives power loss (default); normal: faster, "
+        "survives a killed broker but maybe not an OS crash (CONVEYOR_SYNC)",
+    )
     for role in ROLES:
         add(
             f"--{role}-token",
@@ -148,7 +162,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     config = Config(
         host=_pick(args.host, "HOST", str, "127.0.0.1"),
         port=_pick(args.port, "PORT", int, 8765),
-        store=_pick(args.store, "STORE", str, "memory"),
+        store=_pick(args.store, "STORE", str, "sqlite"),
+        db_path=_pick(args.db, "DB", str, "conveyor.db"),
+        sync=_pick(args.sync, "SYNC", str, "full"),
         tokens=_tokens(args),
         origins=tuple(origins),
         tls_cert=_pick(args.tls_cert, "TLS_CERT", str, None),
@@ -168,8 +184,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
 
 def check(config: Config) -> None:
     """Raise ``ConfigError`` for a setting out of range."""
-    if config.store != "memory":
-        raise ConfigError(f"store: unknown store {config.store!r} (choose: memory)")
+    if config.store not in ("sqlite", "memory"):
+        raise ConfigError(f"store: unknown store {config.store!r} (choose: sqlite, memory)")
+    if config.sync not in ("full", "normal"):
+        raise ConfigError(f"sync: must be full or normal, got {config.sync!r}")
     if not 0 <= config.port <= 65535:
         raise ConfigError(f"port: must be 0 to 65535, got {config.port}")
     if (config.tls_cert is None) != (config.tls_key is None):

@@ -92,6 +92,7 @@ class Dispatcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self.pushed = 0  # jobs pushed since start (for metrics)
+        self.after_pass: Callable[[], None] | None = None  # the commit gate's poke
         self.push_latency: Callable[[float], None] | None = None
 
     # -- what the server tells the dispatcher ---------------------------------------------
@@ -221,13 +222,21 @@ class Dispatcher:
             self._hungry[sub] = None
             self.kick()
 
+    def run_pending(self) -> None:
+        """Run the pass scheduled for this loop iteration now, if there is one."""
+        self._run_pass()
+
     def _run_pass(self) -> None:
+        if not self._pass_scheduled:
+            return  # already run early by run_pending()
         self._pass_scheduled = False
         try:
             self._pass()
         except Exception:  # a bug here must not stop every later pass
             log.exception("dispatch pass failed")
         self._arm_timer()
+        if self.after_pass is not None:
+            self.after_pass()
 
     def _pass(self) -> None:
         out: dict[Subscription, list[JobHandle]] = {}

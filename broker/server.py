@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 import ssl
 from collections import deque
@@ -47,10 +48,12 @@ from sdk._wire import (
 )
 
 from . import __version__
+from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription, wall_clock
-from .engine import InvalidArgument, JobTable, Queue, check_queue_name
+from .engine import InvalidArgument, Queue, check_queue_name
 from .ops import HANDLERS
+from .store import open_store
 
 __all__ = ["Broker", "Connection", "running_broker"]
 
@@ -64,11 +67,26 @@ class Broker:
     """The server's whole state: configuration, job table, dispatcher, connections."""
 
     def __init__(self, config: Config, *, clock: Callable[[], float] = wall_clock) -> None:
+        """Open the store and load the table (raises ``StoreError``); call in the loop."""
         self.config = config
         self.clock = clock
-        self.table = JobTable(clock=clock, max_payload_bytes=config.max_payload_bytes)
+        self.store = open_store(config.store, config.db_path, sync=config.sync)
+        self.table = self.store.load(
+            clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
+        )
         config.apply_queue_opts(self.table)
         self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
+        self.gate: CommitGate | None = None
+        if self.store.durable:
+            self.gate = CommitGate(
+                self.table,
+                self.store,
+                before_flush=self.dispatcher.run_pending,
+                on_failure=lambda exc: self.stopped.set(),
+            )
+            self.dispatcher.after_pass = self.gate.poke
+        # Set when the broker cannot go on (its store failed): the runner stops then.
+        self.stopped = asyncio.Event()
         self.connections: set[Connection] = set()
         self.per_token: dict[str, int] = {}
         self.closing = False
@@ -251,10 +269,23 @@ class Connection:
     # -- sending --------------------------------------------------------------------------
 
     def send(self, frame: dict[str, Any]) -> None:
-        """Queue one frame for the writer; never blocks. Drops a peer that stopped reading."""
+        """Queue one frame for the writer; never blocks. Drops a peer that stopped reading.
+
+        With a durable store the frame first waits in the commit gate until the changes
+        made before it are on disk.
+        """
         if self._closing:
             return
-        self._outbox.append(encode(frame))
+        gate = self.broker.gate
+        if gate is None:
+            self._deliver(encode(frame))
+        else:
+            gate.hold(self._deliver, encode(frame))
+
+    def _deliver(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._outbox.append(data)
         self._wake.set()
         if len(self._outbox) > self.broker.config.max_outbox_frames:
             self._outbox.clear()
@@ -358,6 +389,8 @@ class Connection:
         self._bad_in_a_row = 0
         if rid is not None:
             self.send(ok_reply(rid, result))
+        elif self.broker.gate is not None:
+            self.broker.gate.poke()  # a fire-and-forget change still gets committed
 
     def _refuse(self, exc: WireError) -> None:
         self.send(exc.reply())
@@ -417,11 +450,14 @@ async def running_broker(config: Config) -> AsyncIterator[Broker]:
     finally:
         broker.closing = True
         sweeper.cancel()
+        if broker.gate is not None:
+            await broker.gate.drain()  # answered work is on disk before anyone is told "bye"
         server.close(close_connections=True, code=CLOSE_GOING_AWAY, reason="broker shutting down")
         await server.wait_closed()
         broker.dispatcher.close()
         with contextlib.suppress(asyncio.CancelledError):
             await sweeper
+        broker.store.close()
 
 
 async def _sweep_forever(broker: Broker) -> None:
@@ -442,5 +478,9 @@ async def serve_until_signalled(config: Config, ready: Callable[[Broker], None])
         loop.add_signal_handler(sig, stop.set)
     async with running_broker(config) as broker:
         ready(broker)
-        await stop.wait()
+        stopped = asyncio.ensure_future(broker.stopped.wait())
+        signalled = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({stopped, signalled}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        signalled.cancel()
         log.info("conveyor stopping")

@@ -32,7 +32,7 @@ from sdk._wire import Op
 WAIT = 5.0  # seconds any single expected event may take before the test fails
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 
-BASE_CONFIG = Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0)
+BASE_CONFIG = Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0, store="memory")
 
 
 def with_config(**changes: Any) -> Any:
@@ -341,7 +341,7 @@ def conveyor(*args: str) -> list[str]:
 def broker_process() -> Iterator[str]:
     """``conveyor serve --port 0`` in a subprocess; yields its URL (first stdout line)."""
     proc = subprocess.Popen(
-        conveyor("serve", "--port", "0", "--log-level", "warning"),
+        conveyor("serve", "--port", "0", "--store", "memory", "--log-level", "warning"),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -102,10 +103,29 @@ class RawClient:
 ClientFactory = Callable[..., Awaitable[RawClient]]
 
 
+BASE = Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0, store="memory")
+
+
 @pytest.fixture
-def config() -> Config:
-    """The broker's settings for one test; override with ``dataclasses.replace``."""
-    return Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0)
+def store_kind() -> str:
+    """The store under the broker; modules about job flow run on both (``BOTH_STORES``)."""
+    return "memory"
+
+
+@pytest.fixture
+def config_changes() -> dict[str, Any]:
+    """Settings one test changes (see ``with_config``)."""
+    return {}
+
+
+@pytest.fixture
+def config(store_kind: str, config_changes: dict[str, Any], tmp_path: Path) -> Config:
+    """The broker's settings for one test."""
+    return replace(BASE, store=store_kind, db_path=str(tmp_path / "conveyor.db"), **config_changes)
+
+
+#: ``pytestmark = BOTH_STORES`` runs a module's tests on the memory and the SQLite store.
+BOTH_STORES = pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
 
 
 @pytest.fixture
@@ -130,8 +150,5 @@ async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
 
 
 def with_config(**changes: Any) -> Any:
-    """Parametrise the ``config`` fixture of one test: ``@with_config(max_prefetch=4)``."""
-    return pytest.mark.parametrize(
-        "config",
-        [replace(Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0), **changes)],
-    )
+    """Change the broker's settings for one test: ``@with_config(max_prefetch=4)``."""
+    return pytest.mark.parametrize("config_changes", [changes])

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import ClientFactory, RawClient, with_config
+from .conftest import BOTH_STORES, ClientFactory, RawClient, with_config
+
+pytestmark = BOTH_STORES
 
 SOON = 1.0  # generous bound for "pushed soon after its time"; not a speed test
 EPS = 1e-6

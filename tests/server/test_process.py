@@ -31,8 +31,13 @@ WARNING = "NO TOKENS"
 
 
 def environment(**extra: str) -> dict[str, str]:
-    """This process's environment without any CONVEYOR_* setting, plus ``extra``."""
+    """This process's environment without any CONVEYOR_* setting, plus ``extra``.
+
+    The store is memory unless ``extra`` says otherwise: these tests are about the
+    process, and must not leave a database file in the working tree.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env["CONVEYOR_STORE"] = "memory"
     env.update(extra)
     return env
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .conftest import ClientFactory, RawClient
+from .conftest import BOTH_STORES, ClientFactory, RawClient
+
+pytestmark = BOTH_STORES
 
 # A generous bound for "pushed soon after its time": this is not a speed test.
 SOON = 1.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .conftest import ClientFactory
+from .conftest import BOTH_STORES, ClientFactory
+
+pytestmark = BOTH_STORES
 
 
 async def test_enqueue_push_ack(client: ClientFactory) -> None:

@@ -1,0 +1,111 @@
+"""Group commit: frames wait until the changes made before them are on disk.
+
+With a durable store, a reply must not leave before what it confirms is durable
+(publisher confirms), and a pushed job should not carry a lease the broker would
+forget in a crash. So every outgoing frame is *held* here. At the end of each loop
+iteration the gate takes everything the engine changed since the last commit
+(``JobTable.take_changes()``), writes it in one transaction on the store's thread,
+and releases the frames held meanwhile when that transaction returns. While one
+commit is in flight, new changes and frames gather for the next, so the busier the
+broker, the larger (and cheaper per job) each commit.
+
+Frames held while nothing changed are released at once, unless a commit is in flight:
+then they wait for it, since they may describe state that commit makes durable (an
+idempotent enqueue answered with the id of a job not yet on disk, say).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from .engine import Changes, JobTable
+from .store import Store, StoreError
+
+__all__ = ["CommitGate"]
+
+log = logging.getLogger("conveyor.commit")
+
+Deliver = Callable[[bytes], None]
+
+
+class CommitGate:
+    """Holds outgoing frames until the engine's changes before them are committed."""
+
+    def __init__(
+        self,
+        table: JobTable,
+        store: Store,
+        *,
+        before_flush: Callable[[], None] = lambda: None,
+        on_failure: Callable[[StoreError], None] = lambda exc: None,
+    ) -> None:
+        self._table = table
+        self._store = store
+        self._before_flush = before_flush
+        self._on_failure = on_failure
+        self._held: list[tuple[Deliver, bytes]] = []
+        self._scheduled = False
+        self._inflight: asyncio.Task[None] | None = None
+        self.failed: StoreError | None = None
+        self.batches = 0  # commits made (for metrics)
+
+    def hold(self, deliver: Deliver, data: bytes) -> None:
+        """Deliver ``data`` with ``deliver`` once everything changed so far is durable."""
+        self._held.append((deliver, data))
+        self._schedule()
+
+    def poke(self) -> None:
+        """The table changed without a frame (a sweep, a timer): commit it soon."""
+        if self._table.has_changes:
+            self._schedule()
+
+    async def drain(self) -> None:
+        """Commit what is left and release every held frame (the broker is stopping)."""
+        while self._inflight is not None or self._held or self._table.has_changes:
+            if self._inflight is not None:
+                await asyncio.shield(self._inflight)
+            else:
+                self._flush()
+            if self.failed is not None:
+                return
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._inflight is None:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._inflight is not None or self.failed is not None:
+            return
+        # Let a dispatch pass due this iteration run first, so its pushes ride this commit.
+        self._before_flush()
+        held, self._held = self._held, []
+        if not self._table.has_changes:
+            _release(held)
+            return
+        changes = self._table.take_changes()
+        self._inflight = asyncio.get_running_loop().create_task(self._commit(changes, held))
+
+    async def _commit(self, changes: Changes, held: list[tuple[Deliver, bytes]]) -> None:
+        try:
+            await self._store.commit(changes)
+        except StoreError as exc:
+            # Nothing more can be promised: hold every frame back and stop the broker.
+            self.failed = exc
+            log.critical("the store failed; stopping: %s", exc)
+            self._on_failure(exc)
+            return
+        finally:
+            self._inflight = None
+        self.batches += 1
+        _release(held)
+        if self._held or self._table.has_changes:
+            self._schedule()
+
+
+def _release(held: list[tuple[Deliver, bytes]]) -> None:
+    for deliver, data in held:
+        deliver(data)
