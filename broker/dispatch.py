@@ -52,7 +52,7 @@ _FRAME_PAYLOAD_BUDGET = 256 * 1024
 class Subscription:
     """One worker connection's subscription: its queues, its window, its leases."""
 
-    __slots__ = ("in_flight", "prefetch", "queues", "send", "worker_id")
+    __slots__ = ("in_flight", "owner", "prefetch", "queues", "send", "worker_id")
 
     def __init__(
         self,
@@ -60,8 +60,10 @@ class Subscription:
         queues: list[Queue],
         prefetch: int,
         send: Callable[[dict[str, Any]], None],
+        owner: object = None,
     ) -> None:
         self.worker_id = worker_id
+        self.owner = owner  # the server's connection, opaque here (the dashboard reads it)
         self.queues = queues
         self.prefetch = prefetch
         self.send = send  # queues one frame on the connection; never blocks
@@ -84,6 +86,7 @@ class Dispatcher:
         self._clock = clock
         self._waiting: dict[str, dict[Subscription, None]] = {}
         self._hungry: dict[Subscription, None] = {}
+        self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
         self._dirty: set[str] = set()
         self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
         # worker id -> (lease -> job id, grace timer) for workers whose connection ended
@@ -126,11 +129,13 @@ class Dispatcher:
             del self._orphans[sub.worker_id]
         for queue in sub.queues:
             self._waiting.setdefault(queue.name, {})
+        self.subscriptions[sub] = None
         self._set_hungry(sub)
         return reattached
 
     def unsubscribe(self, sub: Subscription) -> None:
         """The subscription's connection ended: its jobs lapse after the grace."""
+        self.subscriptions.pop(sub, None)
         self._hungry.pop(sub, None)
         for queue in sub.queues:
             waiting = self._waiting.get(queue.name)

@@ -151,7 +151,7 @@ def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
     for i, name in enumerate(f["queues"]):  # all checked before any queue is made
         broker.check_queue_name(name, f"queues[{i}]")
     queues = [broker.queue(name) for name in f["queues"]]
-    sub = Subscription(f["worker_id"], queues, prefetch, conn.send)
+    sub = Subscription(f["worker_id"], queues, prefetch, conn.send, owner=conn)
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub
     reattached = broker.dispatcher.subscribe(sub, leases)
@@ -240,6 +240,11 @@ def sweep(conn: Connection, f: dict[str, Any]) -> Result:
     return conn.broker.dispatcher.sweep()
 
 
+def watch(conn: Connection, f: dict[str, Any]) -> Result:
+    conn.broker.feed.watch(conn, f)
+    return {}
+
+
 HANDLERS: dict[Op, Handler] = {
     Op.HELLO: hello,
     Op.PING: ping,
@@ -261,4 +266,5 @@ HANDLERS: dict[Op, Handler] = {
     Op.REDRIVE: redrive,
     Op.PURGE_DEAD: purge_dead,
     Op.SWEEP: sweep,
+    Op.WATCH: watch,
 }

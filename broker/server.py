@@ -35,6 +35,7 @@ from sdk._wire import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_TRY_AGAIN_LATER,
     HEALTHZ_PATH,
+    METRICS_PATH,
     WS_PATH,
     ErrorCode,
     Role,
@@ -52,7 +53,11 @@ from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription, wall_clock
 from .engine import InvalidArgument, Queue, check_queue_name
+from .feed import Feed
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import Metrics
 from .ops import HANDLERS
+from .static import StaticFiles
 from .store import open_store
 
 __all__ = ["Broker", "Connection", "running_broker"]
@@ -87,11 +92,29 @@ class Broker:
             self.dispatcher.after_pass = self.gate.poke
         # Set when the broker cannot go on (its store failed): the runner stops then.
         self.stopped = asyncio.Event()
+        self.started_at = clock()
+        self.feed = Feed(self.table, self.dispatcher, clock=clock, server_info=self.server_info)
+        self.metrics = Metrics(
+            self.table,
+            workers=lambda: len(self.dispatcher.subscriptions),
+            connections=lambda: len(self.connections),
+        )
+        self.dispatcher.push_latency = self.metrics.push_latency.observe
+        self.static = StaticFiles()
         self.connections: set[Connection] = set()
         self.per_token: dict[str, int] = {}
-        self.closing = False
+        self.closing: bool = False
         self.server: Server | None = None
-        self.url = ""
+        self.url: str = ""
+
+    def server_info(self) -> dict[str, Any]:
+        """The dashboard's header: who this broker is and how busy."""
+        return {
+            "version": __version__,
+            "store": self.store.name,
+            "started_at": self.started_at,
+            "connections": len(self.connections),
+        }
 
     # -- helpers for the handlers ---------------------------------------------------------
 
@@ -141,8 +164,14 @@ class Broker:
             status = HTTPStatus.SERVICE_UNAVAILABLE if self.closing else HTTPStatus.OK
             body = {"status": "draining" if self.closing else "ok", "version": __version__}
             return _response(status, encode(body), "application/json")
+        if path == METRICS_PATH:
+            return _response(HTTPStatus.OK, self.metrics.render(), METRICS_CONTENT_TYPE)
         if path != WS_PATH:
-            return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+            found = self.static.get(path)
+            if found is None:
+                return _response(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain; charset=utf-8")
+            content, content_type = found
+            return _response(HTTPStatus.OK, content, content_type, static=True)
         if self.closing:
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"shutting down\n", "text/plain")
         if "upgrade" not in request.headers.get("Connection", "").lower():
@@ -178,15 +207,30 @@ class Broker:
             conn.release()
 
 
-def _response(status: HTTPStatus, body: bytes, content_type: str) -> Response:
+def _response(
+    status: HTTPStatus, body: bytes, content_type: str, *, static: bool = False
+) -> Response:
     headers = Headers(
         [
             ("Content-Type", content_type),
             ("Content-Length", str(len(body))),
-            ("Cache-Control", "no-store"),
+            # Dashboard files revalidate on every load (an upgrade shows at once); the rest
+            # is live data, never cached.
+            ("Cache-Control", "no-cache" if static else "no-store"),
+            ("X-Content-Type-Options", "nosniff"),
         ]
     )
+    if static:
+        headers["Content-Security-Policy"] = _CSP
+        headers["X-Frame-Options"] = "DENY"
     return Response(status.value, status.phrase, headers, body)
+
+
+# The dashboard loads only its own files and talks only to its own broker.
+_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
 
 
 def _bearer(headers: Headers) -> str | None:
@@ -211,6 +255,8 @@ class Connection:
         self._wake = asyncio.Event()
         self._bad_in_a_row = 0
         self._closing = False
+        self.connected_at = broker.clock()
+        self.last_seen_at = self.connected_at
         # Set when the outbox has been written out (the reader waits on it, see run).
         self._drained = asyncio.Event()
         # A close to start once the error reply of the frame being handled is queued.
@@ -281,6 +327,15 @@ class Connection:
             self._deliver(encode(frame))
         else:
             gate.hold(self._deliver, encode(frame))
+
+    def push_now(self, frame: dict[str, Any]) -> None:
+        """Queue a frame that confirms nothing (a dashboard snapshot): no commit wait."""
+        self._deliver(encode(frame))
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every frame queued so far has gone to the socket."""
+        return not self._outbox and not self._closing
 
     def _deliver(self, data: bytes) -> None:
         if self._closing:
@@ -360,6 +415,7 @@ class Connection:
     def handle_frame(self, message: str | bytes) -> None:
         """Decode, check, call the handler, queue the reply. Never raises."""
         rid = None
+        self.last_seen_at = self.broker.clock()
         try:
             if isinstance(message, bytes):
                 raise binary_frame_error()
@@ -406,6 +462,7 @@ class Connection:
     def release(self) -> None:
         """The connection is over: its subscription ends, its token slot frees."""
         self._closing = True
+        self.broker.feed.forget(self)
         if self.subscription is not None:
             self.broker.dispatcher.unsubscribe(self.subscription)
             self.subscription = None
@@ -445,18 +502,21 @@ async def running_broker(config: Config) -> AsyncIterator[Broker]:
     shown = f"[{host}]" if ":" in host else host
     broker.url = f"{'wss' if config.secure else 'ws'}://{shown}:{port}{WS_PATH}"
     sweeper = asyncio.get_running_loop().create_task(_sweep_forever(broker))
+    feed = asyncio.get_running_loop().create_task(broker.feed.run())
     try:
         yield broker
     finally:
         broker.closing = True
         sweeper.cancel()
+        feed.cancel()
         if broker.gate is not None:
             await broker.gate.drain()  # answered work is on disk before anyone is told "bye"
         server.close(close_connections=True, code=CLOSE_GOING_AWAY, reason="broker shutting down")
         await server.wait_closed()
         broker.dispatcher.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sweeper
+        for task in (sweeper, feed):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         broker.store.close()
 
 

@@ -206,6 +206,7 @@ class Op(StrEnum):
     REDRIVE = "redrive"
     PURGE_DEAD = "purge_dead"
     SWEEP = "sweep"
+    WATCH = "watch"
 
 
 class Push(StrEnum):
@@ -215,6 +216,8 @@ class Push(StrEnum):
     JOBS = "jobs"
     # Jobs this connection holds were cancelled: {"push": "cancelled", "ids": [...]}.
     CANCELLED = "cancelled"
+    # The dashboard feed after `watch`: queues, workers, a followed job, a dead-letter page.
+    SNAPSHOT = "snapshot"
 
 
 #: A request id: an int or a string of at most MAX_RID_CHARS characters; None when absent.
@@ -544,6 +547,16 @@ _SPECS = (
     OpSpec(Op.REDRIVE, _ADMIN, (_ID,)),
     OpSpec(Op.PURGE_DEAD, _ADMIN, (_QUEUE,)),
     OpSpec(Op.SWEEP, _ADMIN, ()),
+    OpSpec(
+        Op.WATCH,
+        frozenset({_R, _A}),
+        (
+            Field("job", Kind.STRING),
+            Field("dead_queue", Kind.STRING),
+            Field("dead_offset", Kind.INTEGER, default=0),
+            Field("dead_limit", Kind.INTEGER, default=20),
+        ),
+    ),
 )
 
 #: Every operation by name: its roles and its fields (docs/protocol.md, "Operations").

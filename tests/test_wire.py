@@ -542,6 +542,7 @@ ROLES_BY_OP = {
     "redrive": {A},
     "purge_dead": {A},
     "sweep": {A},
+    "watch": {R, A},
 }
 
 

@@ -533,6 +533,24 @@ class Queue:
         self._place_pending(row, now)
         return True
 
+    def dead_jobs(self, offset: int = 0, limit: int = 20) -> list[Job]:
+        """A page of this queue's dead jobs, the most recent death first.
+
+        Costs O(offset + limit): the dead letters are walked from the newest, never all.
+        Raises ``InvalidArgument`` for a negative offset or a limit below 1.
+        """
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidArgument("offset", f"must be an int >= 0, got {offset!r}")
+        guard.positive_int("limit", limit)
+        page: list[Job] = []
+        rows = reversed(self._dead.values())
+        for index, row in enumerate(rows):
+            if index >= offset + limit:
+                break
+            if index >= offset:
+                page.append(self._table._snapshot(row))
+        return page
+
     def purge_dead(self) -> int:
         """Delete every dead job of this queue; return how many."""
         rows = list(self._dead.values())

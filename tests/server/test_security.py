@@ -54,6 +54,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("redrive", {"id": "x"}),
     ("purge_dead", {"queue": "q"}),
     ("sweep", {}),
+    ("watch", {}),
 ]
 
 # docs/protocol.md §4, "Roles".
@@ -70,7 +71,7 @@ ALLOWED = {
         "heartbeat_batch",
         "get_job",
     },
-    Role.READ: {"get_job", "stats"},
+    Role.READ: {"get_job", "stats", "watch"},
     Role.ADMIN: {op for op, _ in REQUESTS},
 }
 

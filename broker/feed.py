@@ -1,0 +1,258 @@
+"""The dashboard's feed: coalesced snapshots for every connection that sent ``watch``.
+
+One ticker samples each queue's totals once a second (rates and a five-minute history)
+and, four times a second while anyone watches, builds the shared part of a snapshot
+once (O(queues + 200 workers): counters only, never jobs) and hands it to each viewer
+whose previous snapshot has been written out. A viewer that is behind is skipped, not
+queued for: the next snapshot carries the latest state, so a frozen browser tab costs
+one unwritten frame, never a growing buffer and never a wait (docs/protocol.md, watch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
+
+from .engine import JobTable
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatcher
+    from .server import Connection
+
+__all__ = ["Feed"]
+
+log = logging.getLogger("conveyor.feed")
+
+TICK_S = 0.25  # at most four snapshots a second
+SAMPLE_S = 1.0  # one history sample a second
+HISTORY = 300  # five minutes of samples
+MAX_WORKERS_LISTED = 200
+MAX_DEAD_LIMIT = 100
+PREVIEW_CHARS = 200
+
+
+@dataclass
+class _Viewer:
+    job: str | None = None
+    dead_queue: str | None = None
+    dead_offset: int = 0
+    dead_limit: int = 20
+    history_since: float | None = None  # None: send the whole history next time
+
+
+@dataclass
+class _QueueRates:
+    at: float
+    totals: tuple[int, int, int, int]
+    rates: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    history: deque[tuple[float, float, float, float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY)
+    )
+
+
+class Feed:
+    """Snapshots for watching connections. ``run()`` is the ticker; start it once."""
+
+    def __init__(
+        self,
+        table: JobTable,
+        dispatcher: Dispatcher,
+        *,
+        clock: Callable[[], float],
+        server_info: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.table = table
+        self.dispatcher = dispatcher
+        self.clock = clock
+        self.server_info = server_info
+        self._viewers: dict[Connection, _Viewer] = {}
+        self._rates: dict[str, _QueueRates] = {}
+        self._wake = asyncio.Event()
+
+    # -- viewers --------------------------------------------------------------------------
+
+    def watch(self, conn: Connection, fields: dict[str, Any]) -> None:
+        """Start (or change) what ``conn`` follows. Raises ``WireError`` for a bad page."""
+        offset, limit = fields["dead_offset"], fields["dead_limit"]
+        if offset < 0:
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"dead_offset: must be >= 0, got {offset}",
+                "dead_offset",
+            )
+        if not 1 <= limit <= MAX_DEAD_LIMIT:
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"dead_limit: must be 1 to {MAX_DEAD_LIMIT}, got {limit}",
+                "dead_limit",
+            )
+        viewer = self._viewers.get(conn)
+        if viewer is None:
+            viewer = self._viewers[conn] = _Viewer()
+        viewer.job = fields["job"]
+        viewer.dead_queue = fields["dead_queue"]
+        viewer.dead_offset = offset
+        viewer.dead_limit = limit
+        self._wake.set()
+
+    def forget(self, conn: Connection) -> None:
+        """The connection closed."""
+        self._viewers.pop(conn, None)
+
+    # -- the ticker -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Sample and publish until cancelled: every 0.25 s while anyone watches (a new
+        ``watch`` is answered at once), every second otherwise (history only)."""
+        while True:
+            try:
+                self.tick()
+            except Exception:  # a bug here must not end the feed
+                log.exception("feed tick failed")
+            self._wake.clear()
+            pause = TICK_S if self._viewers else SAMPLE_S
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), pause)
+
+    def tick(self) -> None:
+        """Take a sample when one is due, then send each viewer that keeps up a snapshot."""
+        now = self.clock()
+        queues = self._sample(now)
+        if not self._viewers:
+            return
+        shared_queues = raw_json(encode(queues))
+        shared_server = raw_json(encode(self.server_info()))
+        shared_workers = raw_json(encode(self._workers()))
+        for conn, viewer in list(self._viewers.items()):
+            if not conn.caught_up:
+                continue  # behind: skip; the next snapshot carries the latest state
+            frame = {
+                "push": Push.SNAPSHOT.value,
+                "at": now,
+                "server": shared_server,
+                "queues": shared_queues,
+                "history": self._history(viewer),
+                "workers": shared_workers,
+                "job": self._job(viewer.job),
+                "dead": self._dead(viewer),
+            }
+            viewer.history_since = now
+            conn.push_now(frame)
+
+    # -- the parts of a snapshot ----------------------------------------------------------
+
+    def _sample(self, now: float) -> dict[str, Any]:
+        """Every queue's counts and rates; records a history sample once a second."""
+        out: dict[str, Any] = {}
+        for name in self.table.queues():
+            stats = self.table.queue(name).stats()
+            t = stats.totals
+            totals = (t.enqueued, t.completed, t.retried, t.dead)
+            state = self._rates.get(name)
+            if state is None:
+                state = self._rates[name] = _QueueRates(now, totals)
+            elif now - state.at >= SAMPLE_S:
+                dt = now - state.at
+                state.rates = (
+                    (totals[0] - state.totals[0]) / dt,
+                    (totals[1] - state.totals[1]) / dt,
+                    (totals[2] - state.totals[2]) / dt,
+                    (totals[3] - state.totals[3]) / dt,
+                )
+                state.history.append((now, *state.rates))
+                state.at, state.totals = now, totals
+            rates = state.rates
+            out[name] = {
+                "ready": stats.ready,
+                "scheduled": stats.scheduled,
+                "processing": stats.processing,
+                "dead": stats.dead,
+                "paused": stats.paused,
+                "totals": {
+                    "enqueued": t.enqueued,
+                    "completed": t.completed,
+                    "retried": t.retried,
+                    "dead": t.dead,
+                    "expired": t.expired,
+                    "cancelled": t.cancelled,
+                },
+                "rates": {
+                    "enqueued": rates[0],
+                    "completed": rates[1],
+                    "retried": rates[2],
+                    "dead": rates[3],
+                },
+            }
+        return out
+
+    def _history(self, viewer: _Viewer) -> dict[str, list[tuple[float, ...]]]:
+        since = viewer.history_since
+        out: dict[str, list[tuple[float, ...]]] = {}
+        for name, state in self._rates.items():
+            samples: list[tuple[float, ...]] = [
+                s for s in state.history if since is None or s[0] > since
+            ]
+            if samples:
+                out[name] = samples
+        return out
+
+    def _workers(self) -> dict[str, Any]:
+        subs = self.dispatcher.subscriptions
+        listed: list[dict[str, Any]] = []
+        for sub in subs:
+            if len(listed) >= MAX_WORKERS_LISTED:
+                break
+            owner = sub.owner
+            listed.append(
+                {
+                    "worker_id": sub.worker_id,
+                    "queues": [q.name for q in sub.queues],
+                    "prefetch": sub.prefetch,
+                    "in_hand": len(sub.in_flight),
+                    "connected_at": getattr(owner, "connected_at", None),
+                    "last_seen_at": getattr(owner, "last_seen_at", None),
+                }
+            )
+        return {"total": len(subs), "list": listed}
+
+    def _job(self, job_id: str | None) -> dict[str, Any] | None:
+        if job_id is None:
+            return None
+        job = self.table.get_job(job_id)
+        return {"id": job_id, "gone": True} if job is None else job_info(job)
+
+    def _dead(self, viewer: _Viewer) -> dict[str, Any] | None:
+        name = viewer.dead_queue
+        if name is None:
+            return None
+        page: dict[str, Any] = {
+            "queue": name,
+            "offset": viewer.dead_offset,
+            "limit": viewer.dead_limit,
+            "total": 0,
+            "jobs": [],
+        }
+        if name not in self._rates and name not in self.table.queues():
+            return page
+        queue = self.table.queue(name)
+        page["total"] = queue.stats().dead
+        page["jobs"] = [
+            {
+                "id": job.id,
+                "last_error": job.last_error,
+                "attempts": job.attempts,
+                "died_at": job.died_at,
+                "payload_preview": job.payload_json[: PREVIEW_CHARS * 4].decode("utf-8", "replace")[
+                    :PREVIEW_CHARS
+                ],
+            }
+            for job in queue.dead_jobs(viewer.dead_offset, viewer.dead_limit)
+        ]
+        return page
