@@ -61,3 +61,16 @@ def test_engine_imports_nothing_outside_itself_but_the_standard_library(path: Pa
 def test_dispatcher_does_not_reach_up_into_the_server() -> None:
     for module in imports(ROOT / "broker" / "dispatch.py"):
         assert module not in {"broker.server", "broker.ops", "broker.cli"}, module
+
+
+@pytest.mark.parametrize("path", files("broker/store"), ids=lambda p: p.name)
+def test_stores_know_only_the_engine(path: Path) -> None:
+    for module in imports(path):
+        if module.startswith("broker."):
+            assert module.startswith(("broker.engine", "broker.store")), f"{path.name}: {module}"
+
+
+def test_the_commit_gate_knows_only_engine_and_store() -> None:
+    for module in imports(ROOT / "broker" / "commit.py"):
+        if module.startswith("broker."):
+            assert module.startswith(("broker.engine", "broker.store")), module
