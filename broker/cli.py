@@ -11,7 +11,7 @@ import asyncio
 import ipaddress
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sdk._cli import add_client_commands
 
@@ -58,7 +58,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
 
     try:
-        asyncio.run(serve_until_signalled(config, ready))
+        loop_factory = _loop_factory(config.loop)
+    except ImportError:
+        print(
+            "conveyor: --loop uvloop: uvloop is not installed (pip install uvloop)", file=sys.stderr
+        )
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve_until_signalled(config, ready))
     except StoreError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
         return 2
@@ -66,6 +74,20 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when asked for or (``auto``) when installed; ``None``: asyncio's."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,7 @@ class Config:
     disconnect_grace_s: float = 5.0
     queue_opts: Mapping[str, QueueOpts] = field(default_factory=dict)
     log_level: str = "info"
+    loop: str = "auto"
     max_prefetch: int = 1000
     max_batch: int = 1000
     max_connections_per_token: int = 10_000
@@ -122,6 +123,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--disconnect-grace", type=float, help="seconds a dropped worker's jobs wait (5)")
     add("--queues", metavar="FILE", help="TOML file of per-queue options (CONVEYOR_QUEUES)")
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(info)")
+    add(
+        "--loop",
+        choices=["auto", "uvloop", "asyncio"],
+        help="event loop: uvloop when installed (auto, the default), or asyncio (CONVEYOR_LOOP)",
+    )
 
 
 def _pick(flag: Any, env: str, convert: Any, default: Any) -> Any:
@@ -177,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         disconnect_grace_s=_pick(args.disconnect_grace, "DISCONNECT_GRACE", float, 5.0),
         queue_opts=load_queue_opts(Path(queues_file)) if queues_file else {},
         log_level=_pick(args.log_level, "LOG_LEVEL", str, "info"),
+        loop=_pick(args.loop, "LOOP", str, "auto"),
     )
     check(config)
     return config
@@ -204,6 +211,8 @@ def check(config: Config) -> None:
         raise ConfigError(
             f"max_prefetch: must be at least 16 (the default prefetch), got {config.max_prefetch}"
         )
+    if config.loop not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(f"loop: must be auto, uvloop or asyncio, got {config.loop!r}")
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: unknown level {config.log_level!r}")
 

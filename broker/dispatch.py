@@ -160,6 +160,19 @@ class Dispatcher:
         timer = loop.call_later(self.grace_s, self._end_grace, sub.worker_id)
         self._orphans[sub.worker_id] = (held, timer)
 
+    def adopt(self, held: list[tuple[str, str, str]]) -> None:
+        """Leases that outlived a restart (``(job id, lease, worker id)``): like a dropped
+        worker's, each waits the grace for its worker to re-attach it, then lapses."""
+        by_worker: dict[str, dict[str, str]] = {}
+        for job_id, lease, worker_id in held:
+            by_worker.setdefault(worker_id, {})[lease] = job_id
+        for worker_id, leases in by_worker.items():
+            if self.grace_s <= 0:
+                self._lapse(leases)
+                continue
+            timer = asyncio.get_running_loop().call_later(self.grace_s, self._end_grace, worker_id)
+            self._orphans[worker_id] = (leases, timer)
+
     def drain(self, sub: Subscription) -> int:
         """Push nothing more to ``sub``; the jobs it holds stay held. Returns how many."""
         sub.prefetch = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ HISTORY = 300  # five minutes of samples
 MAX_WORKERS_LISTED = 200
 MAX_DEAD_LIMIT = 100
 PREVIEW_CHARS = 200
+# A viewer's snapshots are at least this far apart (a hair under TICK_S, so that timer
+# jitter never makes a viewer skip a regular tick).
+_PACE_S = TICK_S - 0.005
 
 
 @dataclass
@@ -45,6 +49,7 @@ class _Viewer:
     dead_offset: int = 0
     dead_limit: int = 20
     history_since: float | None = None  # None: send the whole history next time
+    sent_at: float | None = None  # time.monotonic() of its last snapshot; None: never
 
 
 @dataclass
@@ -127,12 +132,23 @@ class Feed:
         queues = self._sample(now)
         if not self._viewers:
             return
+        # Each viewer gets at most one snapshot per TICK_S, however often the ticker is
+        # woken (a `watch` wakes it, and any viewer may send many): a re-watch is served
+        # at once when its viewer is due, else at the next tick. A viewer that is behind
+        # is skipped: the next snapshot carries the latest state.
+        mono = time.monotonic()
+        due = [
+            (conn, viewer)
+            for conn, viewer in self._viewers.items()
+            if conn.caught_up
+            and (viewer.sent_at is None or not 0 <= mono - viewer.sent_at < _PACE_S)
+        ]
+        if not due:
+            return
         shared_queues = raw_json(encode(queues))
         shared_server = raw_json(encode(self.server_info()))
         shared_workers = raw_json(encode(self._workers()))
-        for conn, viewer in list(self._viewers.items()):
-            if not conn.caught_up:
-                continue  # behind: skip; the next snapshot carries the latest state
+        for conn, viewer in due:
             frame = {
                 "push": Push.SNAPSHOT.value,
                 "at": now,
@@ -144,6 +160,7 @@ class Feed:
                 "dead": self._dead(viewer),
             }
             viewer.history_since = now
+            viewer.sent_at = mono
             conn.push_now(frame)
 
     # -- the parts of a snapshot ----------------------------------------------------------

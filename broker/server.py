@@ -64,6 +64,9 @@ __all__ = ["Broker", "Connection", "running_broker"]
 
 log = logging.getLogger("conveyor")
 
+# Frames handed to the socket in one write, at most (see Connection._write_some).
+_WRITE_BATCH_BYTES = 256 * 1024
+
 # Errors that count toward closing a peer that keeps sending garbage.
 _GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
 
@@ -90,6 +93,9 @@ class Broker:
                 on_failure=lambda exc: self.stopped.set(),
             )
             self.dispatcher.after_pass = self.gate.poke
+        # A restart dropped every connection: jobs still under a valid lease get the
+        # disconnect grace for their workers to re-attach them, then lapse (protocol §9).
+        self.dispatcher.adopt(self.table.held_leases())
         # Set when the broker cannot go on (its store failed): the runner stops then.
         self.stopped = asyncio.Event()
         self.started_at = clock()
@@ -241,6 +247,25 @@ def _bearer(headers: Headers) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else ""
 
 
+class _Socket(ServerConnection):
+    """websockets' server connection, writing each batch of frames in one piece."""
+
+    def send_data(self) -> None:
+        chunks = self.protocol.data_to_send()
+        if len(chunks) > 1 and all(chunks):
+            # One write for many frames: one syscall where there would be one per frame.
+            self.transport.write(b"".join(chunks))
+            return
+        for chunk in chunks:  # an empty chunk asks for a half-close: the general path
+            if chunk:
+                self.transport.write(chunk)
+            elif self.transport.can_write_eof():
+                with contextlib.suppress(Exception):
+                    self.transport.write_eof()
+            else:
+                self.transport.close()
+
+
 class Connection:
     """One WebSocket connection: its roles, its subscription, its outbox."""
 
@@ -368,7 +393,7 @@ class Connection:
                 self._wake.clear()
                 while outbox:
                     with anyio.fail_after(bound):
-                        await ws.send(outbox.popleft(), text=True)
+                        await self._write_some(ws, outbox)
                 self._drained.set()
                 if self._closing:
                     with anyio.fail_after(bound):
@@ -381,6 +406,23 @@ class Connection:
             pass
         finally:
             scope.cancel()  # the reader and the authentication deadline end too
+
+    @staticmethod
+    async def _write_some(ws: ServerConnection, outbox: deque[bytes]) -> None:
+        """Frame a batch of queued frames and hand them to the socket in one write.
+
+        One ``send_context`` for the batch (websockets' documented way to write through
+        its protocol object) means one socket write and one drain per batch instead of
+        per frame: with many small replies, that is most of the broker's cost. The batch
+        is bounded so that a slow peer's unsent bytes stay bounded too.
+        """
+        async with ws.send_context():
+            protocol = ws.protocol
+            size = 0
+            while outbox and size < _WRITE_BATCH_BYTES:
+                data = outbox.popleft()
+                protocol.send_text(data)
+                size += len(data)
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -495,6 +537,7 @@ async def running_broker(config: Config) -> AsyncIterator[Broker]:
         max_size=config.max_frame_bytes,
         ssl=_ssl_context(config),
         server_header=f"conveyor/{__version__}",
+        create_connection=_Socket,
     )
     broker.server = server
     sock = next(iter(server.sockets))

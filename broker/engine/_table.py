@@ -874,6 +874,25 @@ class JobTable:
         self._journal_queues = set()
         return Changes(upserts, deleted, queues, (self.id_prefix, self._seq, self._leases_issued))
 
+    def held_leases(self) -> list[tuple[str, str, str]]:
+        """``(job id, lease, worker id)`` of every job under a valid lease now, in no order.
+
+        A broker started on a restored table gives these to its dispatcher: the restart
+        dropped every connection, so their workers get the disconnect grace to re-attach
+        them, as after any dropped connection. O(jobs under a lease).
+        """
+        now = self._now()
+        held = []
+        for queue in self._queues.values():
+            queue._advance(now)
+            for entry in queue._leases.items:
+                row: _Row = entry[-1]
+                lease, worker_id = row.lease, row.worker_id
+                if row._entry is entry and lease is not None and worker_id is not None:
+                    if queue._valid(row, lease, now):
+                        held.append((self._format_id(row.seq), lease, worker_id))
+        return held
+
     @classmethod
     def restore(
         cls,
