@@ -3,7 +3,8 @@
 One ticker samples each queue's totals once a second (rates and a five-minute history)
 and, four times a second while anyone watches, builds the shared part of a snapshot
 once (O(queues + 200 workers): counters only, never jobs) and hands it to each viewer
-whose previous snapshot has been written out. A viewer that is behind is skipped, not
+whose previous snapshot has been written out, at most one per viewer per tick however
+often ``watch`` wakes the ticker. A viewer that is behind is skipped, not
 queued for: the next snapshot carries the latest state, so a frozen browser tab costs
 one unwritten frame, never a growing buffer and never a wait (docs/protocol.md, watch).
 """

@@ -1,0 +1,336 @@
+"""The plain-HTTP side of the broker's port: the dashboard's files, ``/healthz`` and
+``/metrics`` (docs/protocol.md §1; issue 5).
+
+Requests are written by hand on a raw socket, so the paths reach the broker exactly as
+sent: HTTP clients and browsers would normalise ``/../`` away before sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker.server import Broker
+from broker.static import StaticFiles
+
+from .conftest import WAIT, ClientFactory
+
+ROOT = Path(__file__).resolve().parents[2]
+WEB = ROOT / "web"
+
+TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+
+
+async def http_get(
+    broker: Broker, target: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """``GET target`` written byte for byte; the status, headers (lower-cased) and body."""
+    assert broker.server is not None
+    host, port = next(iter(broker.server.sockets)).getsockname()[:2]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        lines = [f"GET {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
+        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        async with asyncio.timeout(WAIT):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            status_line, *header_lines = head.removesuffix("\r\n\r\n").split("\r\n")
+            found: dict[str, str] = {}
+            for line in header_lines:
+                name, _, value = line.partition(":")
+                found[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(found["content-length"]))
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return int(status_line.split()[1]), found, body
+
+
+# --------------------------------------------------------------------------- static files
+
+
+@pytest.fixture
+def site(broker: Broker, tmp_path: Path) -> Iterator[dict[str, bytes]]:
+    """A dashboard package of our own, served by the test's broker: its files by path."""
+    name = f"dash_{uuid.uuid4().hex}"
+    package = tmp_path / "pkgs" / name
+    package.mkdir(parents=True)
+    files = {
+        "/index.html": b"<!doctype html><title>t</title><script src='app.js'></script>\n",
+        "/app.js": b"document.title = 'x' + '<' + '/script>';\n",
+        "/style.css": b"body { color: red }\n",
+        "/logo.svg": b"<svg xmlns='http://www.w3.org/2000/svg'/>\n",
+    }
+    for path, content in files.items():
+        (package / path.lstrip("/")).write_bytes(content)
+    # Present in the package, but no dashboard file: never served.
+    (package / "__init__.py").write_text("SECRET = 'do-not-serve'\n")
+    (package / "secret.py").write_text("SECRET = 'do-not-serve'\n")
+    (package / "notes.txt").write_text("do-not-serve\n")
+    sys.path.insert(0, str(package.parent))
+    try:
+        broker.static = StaticFiles(package=name)
+        yield files
+    finally:
+        sys.path.remove(str(package.parent))
+        sys.modules.pop(name, None)
+
+
+async def test_each_dashboard_file_has_its_type_revalidation_and_a_csp(
+    broker: Broker, site: dict[str, bytes]
+) -> None:
+    for path, content in site.items():
+        status, headers, body = await http_get(broker, path)
+        assert status == 200, path
+        assert body == content
+        assert headers["content-type"] == TYPES[Path(path).suffix]
+        # An upgraded broker's page shows on the next load: revalidated, never stale.
+        assert headers["cache-control"] == "no-cache"
+        assert headers["x-content-type-options"] == "nosniff"
+        csp = headers["content-security-policy"]
+        for rule in ("default-src 'self'", "script-src 'self'", "frame-ancestors 'none'"):
+            assert rule in csp, (path, csp)
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+
+
+async def test_root_and_a_query_string_serve_the_page(
+    broker: Broker, site: dict[str, bytes]
+) -> None:
+    for target in ("/", "/?token=ignored", "/index.html?v=2"):
+        status, headers, body = await http_get(broker, target)
+        assert (status, body) == (200, site["/index.html"]), target
+        assert headers["content-type"] == TYPES[".html"]
+
+
+ESCAPES = [
+    "/../etc/passwd",
+    "/%2e%2e/etc/passwd",
+    "/%2E%2E%2Fetc%2Fpasswd",
+    "/..%2f..%2fetc/passwd",
+    "/web/__init__.py",
+    "/__init__.py",
+    "/secret.py",
+    "/notes.txt",
+    "//etc/passwd",
+    "/index.html/..",
+    "/index.html%00.js",
+    "/etc/passwd",
+]
+
+
+@pytest.mark.parametrize("target", ESCAPES)
+async def test_no_path_reaches_anything_but_the_dashboard_files(
+    broker: Broker, site: dict[str, bytes], target: str
+) -> None:
+    status, _headers, body = await http_get(broker, target)
+    assert status == 404, target
+    assert b"do-not-serve" not in body and b"root:" not in body
+
+
+async def test_the_broker_serves_its_own_web_package_at_root(broker: Broker) -> None:
+    if not (WEB / "index.html").exists():
+        pytest.skip("web/index.html is not written yet (the dashboard is being built)")
+    web = resources.files("web")
+    status, headers, body = await http_get(broker, "/")
+    assert status == 200
+    assert headers["content-type"] == TYPES[".html"]
+    assert body == web.joinpath("index.html").read_bytes()
+    assert b"<script" in body  # the page loads its code: same-origin files, by the CSP
+    for entry in WEB.iterdir():
+        if entry.suffix in TYPES:
+            status, headers, body = await http_get(broker, "/" + entry.name)
+            assert status == 200, entry.name
+            assert headers["content-type"] == TYPES[entry.suffix]
+            assert body == entry.read_bytes()
+    assert (await http_get(broker, "/__init__.py"))[0] == 404
+
+
+async def test_health_and_metrics_are_live_data_never_cached(broker: Broker) -> None:
+    status, headers, body = await http_get(broker, "/healthz")
+    assert status == 200
+    assert headers["cache-control"] == "no-store"
+    assert headers["content-type"] == "application/json"
+    assert json.loads(body)["status"] == "ok"
+    status, headers, _body = await http_get(broker, "/metrics")
+    assert status == 200
+    assert headers["cache-control"] == "no-store"
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+
+
+# --------------------------------------------------------------------------- /metrics
+
+
+async def scrape(broker: Broker) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``GET /metrics`` parsed as Prometheus text: every sample by (name, labels)."""
+    status, _headers, body = await http_get(broker, "/metrics")
+    assert status == 200
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict[Any, float], name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    assert key in samples, f"{name}{labels} is not exported"
+    return samples[key]
+
+
+async def test_metrics_export_queue_gauges_counters_workers_and_push_latency(
+    broker: Broker, client: ClientFactory
+) -> None:
+    publisher = await client()
+    before = await scrape(broker)
+    pushed_before = sample(before, "conveyor_push_latency_seconds_count")
+    reply = await publisher.call(
+        "enqueue_batch", queue="m", jobs=[{"payload": i} for i in range(5)]
+    )
+    ids = reply["ids"]
+
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["m"], prefetch=2)
+    first, second = await worker.jobs(2)
+    await worker.call("ack", id=first["id"], lease=first["lease"])
+    [third] = await worker.jobs(1)
+    await worker.call("retry", id=second["id"], lease=second["lease"], delay_s=3600)
+    [fourth] = await worker.jobs(1)
+    await worker.call("fail", id=third["id"], lease=third["lease"], error="boom")
+    [fifth] = await worker.jobs(1)
+    assert (await publisher.call("cancel", id=fourth["id"]))["cancelled"] is True
+    await worker.next_push("cancelled")
+    await publisher.call("pause", queue="m")
+    # A job that expires before anyone takes it (any instant after its enqueue is late).
+    await publisher.call("enqueue", queue="exp", payload=0, expires_s=1e-6)
+    await publisher.call("sweep")
+
+    samples = await scrape(broker)
+    gauges = {
+        state: sample(samples, "conveyor_queue_jobs", queue="m", state=state)
+        for state in ("ready", "scheduled", "processing", "dead")
+    }
+    assert gauges == {"ready": 0, "scheduled": 1, "processing": 1, "dead": 1}
+    assert fifth["id"] == ids[4]
+    assert sample(samples, "conveyor_queue_paused", queue="m") == 1
+    assert sample(samples, "conveyor_queue_paused", queue="exp") == 0
+    counters = {
+        name: sample(samples, f"conveyor_jobs_{name}_total", queue="m")
+        for name in ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
+    }
+    assert counters == {
+        "enqueued": 5,
+        "completed": 1,
+        "retried": 1,
+        "dead_lettered": 1,
+        "expired": 0,
+        "cancelled": 1,
+    }
+    assert sample(samples, "conveyor_jobs_expired_total", queue="exp") == 1
+    assert sample(samples, "conveyor_workers_connected") == 1
+    assert sample(samples, "conveyor_connections") == 2
+
+    # Every push was timed: five jobs handed out, five more observations.
+    assert sample(samples, "conveyor_push_latency_seconds_count") == pushed_before + 5
+    assert sample(samples, "conveyor_push_latency_seconds_bucket", le="+Inf") == pushed_before + 5
+    assert 0 <= sample(samples, "conveyor_push_latency_seconds_sum") < 60
+
+    await worker.ws.close()
+    # The worker's connection is gone once the broker has noticed (bounded wait).
+    async with asyncio.timeout(WAIT):
+        while sample(await scrape(broker), "conveyor_workers_connected") != 0:
+            await publisher.call("ping")
+
+
+# --------------------------------------------------------------------------- packaging
+
+
+def test_a_built_wheel_ships_the_dashboard_files(tmp_path: Path) -> None:
+    if not (WEB / "index.html").exists():
+        pytest.skip("web/index.html is not written yet (the dashboard is being built)")
+    # Build from a copy, so that the build leaves nothing in the work tree.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for package in ("broker", "sdk", "web"):
+        shutil.copytree(
+            ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    out = tmp_path / "dist"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", out, src],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert build.returncode == 0, (
+        "building the wheel failed (it needs setuptools>=68 and wheel in the venv):\n"
+        + build.stdout
+        + build.stderr
+    )
+    [wheel] = out.glob("conveyor-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    served = sorted(p.name for p in WEB.iterdir() if p.suffix in TYPES)
+    assert {"index.html", "app.js", "style.css"} <= set(served)
+    for name in ["__init__.py", *served]:
+        assert f"web/{name}" in names, f"web/{name} is not in the wheel"
+
+    # Installed from the wheel (no source tree anywhere on the path), the broker finds
+    # and serves the very same files.
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+    probe = (
+        "import hashlib, json, sys\n"
+        f"sys.path.insert(0, {str(site)!r})\n"
+        "import web\n"
+        "from broker.static import StaticFiles\n"
+        f"assert web.__file__.startswith({str(site)!r}), web.__file__\n"
+        "files = StaticFiles()\n"
+        "print(json.dumps({p: hashlib.sha256(files.get(p)[0]).hexdigest()\n"
+        f"                  for p in ['/', *('/' + n for n in {served!r})]}}))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    digests = json.loads(run.stdout)
+
+    def digest(name: str) -> str:
+        return hashlib.sha256((WEB / name).read_bytes()).hexdigest()
+
+    assert digests["/"] == digest("index.html")
+    assert digests == {"/": digest("index.html"), **{"/" + n: digest(n) for n in served}}
