@@ -1,0 +1,903 @@
+// Conveyor's dashboard: one WebSocket to the broker that served this page.
+//
+// hello (with the token kept in sessionStorage, when the broker asks for one), then
+// watch; the broker pushes "snapshot" frames (queues, history, workers, the followed job,
+// a page of dead letters) and the page renders them. It never polls. Admin actions are
+// ordinary requests on the same socket. Everything the broker sends is put in the page
+// with textContent (or as SVG attribute numbers): never parsed as HTML.
+
+const TOKEN_KEY = "conveyor.token";
+const HISTORY_SECONDS = 300; // the charts' window; the broker keeps as many samples
+const DEAD_LIMIT = 20;
+const BACKOFF_MIN_MS = 500;
+const BACKOFF_MAX_MS = 5000;
+const NOTICE_MS = 6000;
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  ws: null,
+  rid: 0,
+  pending: new Map(), // rid -> resolve(reply)
+  roles: [],
+  authed: false,
+  sentToken: false,
+  awaitingToken: false,
+  backoffMs: BACKOFF_MIN_MS,
+  reconnectTimer: null,
+  firstSnapshot: true, // the next snapshot starts this connection's history
+  watch: { job: null, deadQueue: null, deadOffset: 0 },
+  deadChosen: false, // the operator picked the dead-letter queue (else it follows the dead)
+  history: new Map(), // queue -> [[t, enq/s, completed/s, retried/s, dead/s], ...]
+  last: null, // the latest snapshot
+  rolesRendered: null, // the roles the current rows were built for
+  deadKey: null, // what the dead-letter rows show
+  jobKey: null, // what the job view shows (relative times aside)
+  jobTimes: [], // [dd, epoch] of the job view, refreshed on every snapshot
+};
+
+// -- small DOM helpers ----------------------------------------------------------------------
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "text") node.textContent = String(value);
+    else if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  node.append(...children); // strings become Text nodes
+  return node;
+}
+
+function svg(tag, attrs = {}) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+  return node;
+}
+
+function setText(node, text) {
+  const value = String(text);
+  if (node.textContent !== value) node.textContent = value;
+}
+
+function isAdmin() {
+  return state.roles.includes("admin");
+}
+
+// -- formatting ---------------------------------------------------------------------------
+
+const integer = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+
+function fmtCount(n) {
+  return typeof n === "number" ? integer.format(n) : "–";
+}
+
+function fmtRate(r) {
+  if (typeof r !== "number" || !Number.isFinite(r)) return "–";
+  if (r < 0.05) return "0";
+  if (r < 10) return r.toFixed(1);
+  return integer.format(Math.round(r));
+}
+
+function pad(n) {
+  return String(n).padStart(2, "0");
+}
+
+function fmtTime(epoch) {
+  if (typeof epoch !== "number" || !Number.isFinite(epoch)) return "–";
+  const d = new Date(epoch * 1000);
+  const time = `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
+  const now = new Date();
+  if (d.toDateString() === now.toDateString()) return time;
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${time}`;
+}
+
+function fmtDate(epoch) {
+  return typeof epoch === "number" ? new Date(epoch * 1000).toString() : "";
+}
+
+function fmtDuration(seconds) {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return "–";
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+}
+
+function fmtAgo(epoch, now) {
+  if (typeof epoch !== "number") return "–";
+  const s = now - epoch;
+  return s < 1 ? "just now" : `${fmtDuration(s)} ago`;
+}
+
+function fmtJson(value) {
+  try {
+    return JSON.stringify(value, null, 2);
+  } catch {
+    return String(value);
+  }
+}
+
+// -- notices and connection state ---------------------------------------------------------
+
+let noticeTimer = null;
+
+function notice(text, kind = "info") {
+  const node = $("notice");
+  node.textContent = text;
+  node.dataset.kind = kind;
+  node.hidden = false;
+  clearTimeout(noticeTimer);
+  noticeTimer = setTimeout(() => {
+    node.hidden = true;
+  }, NOTICE_MS);
+}
+
+function setConn(kind, label = kind) {
+  const node = $("conn-state");
+  node.dataset.state = kind;
+  setText(node, label);
+  document.body.dataset.conn = kind;
+}
+
+function showBanner(detail) {
+  $("banner").hidden = false;
+  setText($("banner-detail"), detail);
+}
+
+function hideBanner() {
+  $("banner").hidden = true;
+}
+
+function renderRole() {
+  const node = $("role");
+  node.hidden = !state.authed;
+  const admin = isAdmin();
+  node.dataset.role = admin ? "admin" : "read";
+  setText(node, admin ? "admin" : "read-only");
+  document.body.classList.toggle("is-admin", admin);
+  for (const item of document.querySelectorAll(".admin-only")) item.hidden = !admin;
+}
+
+// -- the socket ---------------------------------------------------------------------------
+
+function socketUrl() {
+  return (location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws";
+}
+
+function connect() {
+  clearTimeout(state.reconnectTimer);
+  state.reconnectTimer = null;
+  if (state.ws) return;
+  setConn("connecting");
+  let ws;
+  try {
+    ws = new WebSocket(socketUrl());
+  } catch {
+    scheduleReconnect();
+    return;
+  }
+  state.ws = ws;
+  state.authed = false;
+  state.firstSnapshot = true;
+  ws.addEventListener("open", () => {
+    if (ws === state.ws) hello();
+  });
+  ws.addEventListener("message", (event) => {
+    if (ws === state.ws) onFrame(event.data);
+  });
+  ws.addEventListener("close", (event) => {
+    if (ws === state.ws) onClose(event);
+  });
+}
+
+function scheduleReconnect() {
+  const delay = state.backoffMs * (0.8 + 0.4 * Math.random());
+  state.backoffMs = Math.min(state.backoffMs * 2, BACKOFF_MAX_MS);
+  showBanner(`next attempt in ${(delay / 1000).toFixed(1)} s`);
+  clearTimeout(state.reconnectTimer);
+  state.reconnectTimer = setTimeout(connect, delay);
+}
+
+function onClose(event) {
+  state.ws = null;
+  state.authed = false;
+  for (const resolve of state.pending.values()) {
+    resolve({ ok: false, error: { code: "unavailable", message: "the connection was lost" } });
+  }
+  state.pending.clear();
+  document.body.classList.add("stale");
+  if (state.awaitingToken) {
+    setConn("token", "token needed");
+    return;
+  }
+  setConn("disconnected");
+  scheduleReconnect();
+  if (event.code === 1008) notice(`The broker closed the connection: ${event.reason || "policy"}`, "error");
+}
+
+function request(op, fields = {}) {
+  const ws = state.ws;
+  if (!ws || ws.readyState !== WebSocket.OPEN) {
+    return Promise.resolve({
+      ok: false,
+      error: { code: "unavailable", message: "not connected to the broker" },
+    });
+  }
+  const rid = ++state.rid;
+  return new Promise((resolve) => {
+    state.pending.set(rid, resolve);
+    ws.send(JSON.stringify({ op, rid, ...fields }));
+  });
+}
+
+function onFrame(data) {
+  let frame;
+  try {
+    frame = JSON.parse(data);
+  } catch {
+    return;
+  }
+  if (frame === null || typeof frame !== "object") return;
+  if ("push" in frame) {
+    if (frame.push === "snapshot") onSnapshot(frame);
+    return; // a push kind we do not know is ignored
+  }
+  const resolve = state.pending.get(frame.rid);
+  if (resolve) {
+    state.pending.delete(frame.rid);
+    resolve(frame);
+  } else if (frame.ok === false && frame.error) {
+    notice(frame.error.message || frame.error.code, "error");
+  }
+}
+
+async function hello() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const fields = { client: "conveyor-dashboard" };
+  if (token) fields.token = token;
+  state.sentToken = Boolean(token);
+  const reply = await request("hello", fields);
+  if (reply.ok) {
+    state.authed = true;
+    state.awaitingToken = false;
+    state.roles = Array.isArray(reply.roles) ? reply.roles : [];
+    $("token-panel").hidden = true;
+    if (typeof reply.version === "string") setText($("server-version"), reply.version);
+    renderRole();
+    setConn("connecting", "syncing");
+    sendWatch();
+    return;
+  }
+  const code = reply.error && reply.error.code;
+  if (code === "unauthorized") {
+    if (state.sentToken) sessionStorage.removeItem(TOKEN_KEY);
+    askToken(state.sentToken ? "The broker refused that token. Try another." : "This broker needs a token.");
+  } else if (code !== "unavailable") {
+    notice(`hello refused: ${reply.error ? reply.error.message : "unknown error"}`, "error");
+  }
+}
+
+function askToken(message) {
+  state.awaitingToken = true;
+  hideBanner();
+  setConn("token", "token needed");
+  setText($("token-message"), message);
+  $("token-panel").hidden = false;
+  $("token-input").focus();
+}
+
+function onTokenSubmit(event) {
+  event.preventDefault();
+  const token = $("token-input").value.trim();
+  if (!token) return;
+  sessionStorage.setItem(TOKEN_KEY, token);
+  $("token-input").value = "";
+  state.awaitingToken = false;
+  state.backoffMs = BACKOFF_MIN_MS;
+  $("token-panel").hidden = true;
+  if (state.ws && state.ws.readyState === WebSocket.OPEN && !state.authed) hello();
+  else connect();
+}
+
+async function sendWatch() {
+  if (!state.authed) return;
+  const fields = {};
+  if (state.watch.job) fields.job = state.watch.job;
+  if (state.watch.deadQueue) {
+    fields.dead_queue = state.watch.deadQueue;
+    fields.dead_offset = state.watch.deadOffset;
+    fields.dead_limit = DEAD_LIMIT;
+  }
+  const reply = await request("watch", fields);
+  if (reply.ok) return;
+  const code = reply.error.code;
+  if (code === "forbidden" || code === "unauthorized") {
+    // A token without the read role: ask for another one.
+    sessionStorage.removeItem(TOKEN_KEY);
+    askToken("That token may not read the dashboard (it needs the read or admin role).");
+    if (state.ws) state.ws.close(1000);
+  } else if (code !== "unavailable") {
+    notice(`watch refused: ${reply.error.message}`, "error");
+  }
+}
+
+// -- snapshots ----------------------------------------------------------------------------
+
+function onSnapshot(snap) {
+  state.backoffMs = BACKOFF_MIN_MS;
+  hideBanner();
+  document.body.classList.remove("stale");
+  setConn("live");
+  mergeHistory(snap.history || {}, snap.at);
+  state.last = snap;
+  const queues = snap.queues || {};
+  followDead(queues);
+  renderServer(snap.server || {}, snap.at);
+  renderQueues(queues, snap.at);
+  renderWorkers(snap.workers || { total: 0, list: [] }, snap.at);
+  renderDead(snap.dead || null, queues, snap.at);
+  renderJob(snap.job === undefined ? null : snap.job, snap.at);
+  setText($("as-of"), `as of ${fmtTime(snap.at)} (broker time)`);
+}
+
+function mergeHistory(history, at) {
+  if (state.firstSnapshot) {
+    state.history.clear();
+    state.firstSnapshot = false;
+  }
+  for (const [name, samples] of Object.entries(history)) {
+    if (!Array.isArray(samples)) continue;
+    let kept = state.history.get(name) || [];
+    const lastT = kept.length ? kept[kept.length - 1][0] : -Infinity;
+    const newer = samples.filter((s) => Array.isArray(s) && s[0] > lastT);
+    kept = kept.concat(newer);
+    const from = at - HISTORY_SECONDS;
+    let cut = 0;
+    while (cut < kept.length && kept[cut][0] < from) cut++;
+    if (kept.length - cut > HISTORY_SECONDS) cut = kept.length - HISTORY_SECONDS;
+    state.history.set(name, cut ? kept.slice(cut) : kept);
+  }
+}
+
+// -- header -------------------------------------------------------------------------------
+
+function renderServer(server, at) {
+  setText($("server-version"), server.version ?? "–");
+  setText($("server-store"), server.store ?? "–");
+  setText($("server-uptime"), typeof server.started_at === "number" ? fmtDuration(at - server.started_at) : "–");
+  setText($("server-connections"), fmtCount(server.connections));
+}
+
+// -- queues -------------------------------------------------------------------------------
+
+const queueRows = new Map(); // name -> {row, cells}
+
+function queueRow(name) {
+  const cells = {};
+  const cell = (key, cls) => (cells[key] = el("td", { class: cls, "data-field": key }));
+  const row = el(
+    "tr",
+    { "data-testid": `queue-row-${name}`, "data-queue": name },
+    el("th", { scope: "row", class: "name", "data-field": "name", text: name }),
+    cell("ready", "num"),
+    cell("scheduled", "num"),
+    cell("processing", "num"),
+    cell("dead", "num"),
+    cell("paused", "state"),
+    cell("rate_enqueued", "num rate"),
+    cell("rate_completed", "num rate"),
+    cell("rate_retried", "num rate"),
+    cell("rate_dead", "num rate"),
+    cell("chart", "chart-col"),
+  );
+  const showDead = el("button", {
+    type: "button",
+    class: "link",
+    "data-testid": `show-dead-${name}`,
+    title: "Show this queue's dead letters",
+    onclick: () => chooseDeadQueue(name, true),
+  });
+  cells.dead.append(showDead);
+  cells.showDead = showDead;
+  const pill = el("span", { class: "pill" });
+  cells.paused.append(pill);
+  cells.pill = pill;
+  cells.chartSvg = chartSvg();
+  cells.chart.append(cells.chartSvg.root);
+  if (isAdmin()) {
+    const actions = el("td", { class: "actions-col" });
+    cells.pause = el("button", {
+      type: "button",
+      "data-testid": `pause-${name}`,
+      text: "Pause",
+      onclick: () => act("pause", { queue: name }),
+    });
+    cells.resume = el("button", {
+      type: "button",
+      "data-testid": `resume-${name}`,
+      text: "Resume",
+      onclick: () => act("resume", { queue: name }),
+    });
+    actions.append(cells.pause, cells.resume);
+    row.append(actions);
+  }
+  return { row, cells };
+}
+
+function renderQueues(queues, at) {
+  const body = $("queues-body");
+  const rolesKey = state.roles.join(",");
+  if (state.rolesRendered !== rolesKey) {
+    queueRows.clear();
+    body.replaceChildren();
+    state.rolesRendered = rolesKey;
+  }
+  const names = Object.keys(queues).sort();
+  for (const [name, entry] of queueRows) {
+    if (!(name in queues)) {
+      entry.row.remove();
+      queueRows.delete(name);
+    }
+  }
+  for (const name of state.history.keys()) if (!(name in queues)) state.history.delete(name);
+  let previous = null;
+  for (const name of names) {
+    const q = queues[name] || {};
+    let entry = queueRows.get(name);
+    if (!entry) {
+      entry = queueRow(name);
+      queueRows.set(name, entry);
+    }
+    // keep rows in name order without rebuilding them
+    const expected = previous ? previous.nextSibling : body.firstChild;
+    if (expected !== entry.row) body.insertBefore(entry.row, expected);
+    previous = entry.row;
+    const c = entry.cells;
+    setText(c.ready, fmtCount(q.ready));
+    setText(c.scheduled, fmtCount(q.scheduled));
+    setText(c.processing, fmtCount(q.processing));
+    setText(c.showDead, fmtCount(q.dead));
+    c.dead.classList.toggle("has-dead", q.dead > 0);
+    const paused = q.paused === true;
+    entry.row.dataset.paused = String(paused);
+    c.pill.className = paused ? "pill paused" : "pill active";
+    setText(c.pill, paused ? "paused" : "active");
+    const rates = q.rates || {};
+    setText(c.rate_enqueued, fmtRate(rates.enqueued));
+    setText(c.rate_completed, fmtRate(rates.completed));
+    setText(c.rate_retried, fmtRate(rates.retried));
+    setText(c.rate_dead, fmtRate(rates.dead));
+    c.rate_retried.classList.toggle("warn", rates.retried >= 0.05);
+    c.rate_dead.classList.toggle("bad", rates.dead >= 0.05);
+    drawChart(c.chartSvg, state.history.get(name) || [], at);
+    if (c.pause) {
+      c.pause.hidden = paused;
+      c.resume.hidden = !paused;
+    }
+  }
+  $("queues-empty").hidden = names.length > 0;
+  $("queues-table").hidden = names.length === 0;
+}
+
+// A sparkline: completed as a soft area, enqueued, retried and dead as lines, on one scale.
+const CHART_W = HISTORY_SECONDS;
+const CHART_H = 36;
+
+function chartSvg() {
+  const root = svg("svg", {
+    viewBox: `0 0 ${CHART_W} ${CHART_H}`,
+    preserveAspectRatio: "none",
+    class: "spark",
+    role: "img",
+  });
+  const title = svg("title");
+  const area = svg("path", { class: "area completed" });
+  const lines = {};
+  root.append(title, svg("line", { x1: 0, x2: CHART_W, y1: CHART_H - 0.5, y2: CHART_H - 0.5, class: "axis" }), area);
+  for (const key of ["completed", "enqueued", "retried", "dead"]) {
+    lines[key] = svg("polyline", { class: `line ${key}`, fill: "none" });
+    root.append(lines[key]);
+  }
+  return { root, title, area, lines };
+}
+
+// The window is the last five minutes, or less while the broker has not been up that long
+// (at least a minute), so a fresh broker's chart is not a sliver at the right edge.
+function chartSpan(samples, at) {
+  const first = samples.length ? samples[0][0] : at;
+  return Math.min(HISTORY_SECONDS, Math.max(60, Math.ceil((at - first) / 60) * 60));
+}
+
+// Per-second rates are jumpy; the chart draws a trailing average over SMOOTH samples.
+const SMOOTH = 5;
+
+function smooth(samples) {
+  const out = [];
+  const sums = [0, 0, 0, 0];
+  for (let i = 0; i < samples.length; i++) {
+    for (let k = 0; k < 4; k++) sums[k] += samples[i][k + 1] || 0;
+    if (i >= SMOOTH) for (let k = 0; k < 4; k++) sums[k] -= samples[i - SMOOTH][k + 1] || 0;
+    const n = Math.min(i + 1, SMOOTH);
+    out.push([samples[i][0], sums[0] / n, sums[1] / n, sums[2] / n, sums[3] / n]);
+  }
+  return out;
+}
+
+function drawChart(chart, samples, at) {
+  const span = chartSpan(samples, at);
+  const from = at - span;
+  const visible = smooth(samples).filter((s) => s[0] >= from);
+  let peak = 0;
+  for (const s of visible) peak = Math.max(peak, s[1] || 0, s[2] || 0, s[3] || 0, s[4] || 0);
+  const scale = peak > 0 ? (CHART_H - 4) / peak : 0;
+  const x = (t) => (((t - from) / span) * CHART_W).toFixed(1);
+  const y = (v) => (CHART_H - 1 - (v || 0) * scale).toFixed(1);
+  const series = { enqueued: 1, completed: 2, retried: 3, dead: 4 };
+  for (const [key, index] of Object.entries(series)) {
+    const used = visible.some((s) => (s[index] || 0) > 0);
+    const points = used ? visible.map((s) => `${x(s[0])},${y(s[index])}`).join(" ") : "";
+    chart.lines[key].setAttribute("points", points);
+  }
+  if (visible.length > 1 && visible.some((s) => (s[2] || 0) > 0)) {
+    const first = visible[0];
+    const last = visible[visible.length - 1];
+    const top = visible.map((s) => `L${x(s[0])},${y(s[2])}`).join(" ");
+    chart.area.setAttribute("d", `M${x(first[0])},${CHART_H} ${top} L${x(last[0])},${CHART_H} Z`);
+  } else {
+    chart.area.setAttribute("d", "");
+  }
+  const label = span >= 120 ? `last ${span / 60} min` : `last ${span} s`;
+  chart.title.textContent =
+    peak > 0 ? `${label}, ${SMOOTH} s averages; peak ${fmtRate(peak)}/s` : `${label}; idle`;
+}
+
+// -- workers ------------------------------------------------------------------------------
+
+const workerRows = new Map();
+
+function workerRow(id) {
+  const cells = {};
+  const cell = (key, cls) => (cells[key] = el("td", { class: cls, "data-field": key }));
+  const row = el(
+    "tr",
+    { "data-testid": `worker-row-${id}`, "data-worker": id },
+    el("th", { scope: "row", class: "name mono", "data-field": "worker_id", text: id }),
+    cell("queues"),
+    cell("prefetch", "num"),
+    cell("in_hand", "in-hand"),
+    cell("connected_at"),
+    cell("last_seen_at"),
+  );
+  cells.inHandText = el("span", { class: "in-hand-text" });
+  cells.meter = el("span", { class: "meter-fill" });
+  cells.in_hand.append(cells.inHandText, el("span", { class: "meter", "aria-hidden": "true" }, cells.meter));
+  return { row, cells };
+}
+
+function renderWorkers(workers, at) {
+  const list = Array.isArray(workers.list) ? workers.list : [];
+  const body = $("workers-body");
+  const seen = new Set();
+  let previous = null;
+  for (const w of list) {
+    const id = String(w.worker_id);
+    seen.add(id);
+    let entry = workerRows.get(id);
+    if (!entry) {
+      entry = workerRow(id);
+      workerRows.set(id, entry);
+    }
+    const expected = previous ? previous.nextSibling : body.firstChild;
+    if (expected !== entry.row) body.insertBefore(entry.row, expected);
+    previous = entry.row;
+    const c = entry.cells;
+    setText(c.queues, Array.isArray(w.queues) ? w.queues.join(", ") : "");
+    setText(c.prefetch, fmtCount(w.prefetch));
+    setText(c.inHandText, fmtCount(w.in_hand));
+    const share = w.prefetch > 0 ? Math.min(1, (w.in_hand || 0) / w.prefetch) : 0;
+    c.meter.style.width = `${Math.round(share * 100)}%`;
+    const since = typeof w.connected_at === "number" ? w.connected_at : null;
+    setText(c.connected_at, since === null ? "–" : `${fmtTime(since)} (${fmtDuration(at - since)})`);
+    setText(c.last_seen_at, fmtAgo(w.last_seen_at, at));
+  }
+  for (const [id, entry] of workerRows) {
+    if (!seen.has(id)) {
+      entry.row.remove();
+      workerRows.delete(id);
+    }
+  }
+  const total = typeof workers.total === "number" ? workers.total : list.length;
+  let count = `${fmtCount(total)} connected`;
+  if (total > list.length) count += ` (showing ${fmtCount(list.length)})`;
+  setText($("workers-count"), count);
+  $("workers-empty").hidden = list.length > 0;
+  $("workers-table").hidden = list.length === 0;
+}
+
+// -- dead letters -------------------------------------------------------------------------
+
+function followDead(queues) {
+  const names = Object.keys(queues).sort();
+  const current = state.watch.deadQueue;
+  if (state.deadChosen && current && current in queues) return;
+  // Not chosen by the operator: follow the first queue holding dead letters.
+  const kept = current && current in queues ? current : null;
+  const pick = names.find((n) => queues[n].dead > 0) || kept || names[0] || null;
+  if (pick !== current) chooseDeadQueue(pick, false);
+}
+
+function chooseDeadQueue(name, byOperator) {
+  if (byOperator) state.deadChosen = true;
+  if (state.watch.deadQueue === name) return;
+  state.watch.deadQueue = name;
+  state.watch.deadOffset = 0;
+  $("dead-queue").value = name || "";
+  clearDeadRows();
+  state.deadKey = null;
+  sendWatch();
+  if (byOperator) $("dead-card").scrollIntoView({ block: "nearest", behavior: "smooth" });
+}
+
+function clearDeadRows() {
+  $("dead-body").replaceChildren();
+  setText($("dead-range"), "");
+}
+
+function renderDeadSelect(queues) {
+  const select = $("dead-queue");
+  const names = Object.keys(queues).sort();
+  const have = Array.from(select.options, (o) => o.value);
+  if (have.join("\n") !== names.join("\n")) {
+    select.replaceChildren(...names.map((n) => el("option", { value: n, text: n })));
+  }
+  for (const option of select.options) {
+    const q = queues[option.value];
+    setText(option, q && q.dead > 0 ? `${option.value} (${fmtCount(q.dead)})` : option.value);
+  }
+  select.value = state.watch.deadQueue || "";
+  select.disabled = names.length === 0;
+}
+
+function renderDead(dead, queues, at) {
+  renderDeadSelect(queues);
+  const body = $("dead-body");
+  const admin = isAdmin();
+  const page = dead && dead.queue === state.watch.deadQueue ? dead : null;
+  const jobs = page && Array.isArray(page.jobs) ? page.jobs : [];
+  // Rebuilt only when the page changed, so a selection or a click is not lost to a snapshot.
+  const key = JSON.stringify([admin, jobs]);
+  if (key !== state.deadKey) {
+    state.deadKey = key;
+    body.replaceChildren(...jobs.map((job) => deadRow(job, admin)));
+  }
+  const total = page ? page.total : 0;
+  const offset = page ? page.offset : 0;
+  $("dead-empty").hidden = jobs.length > 0;
+  $("dead-table").hidden = jobs.length === 0;
+  const queue = state.watch.deadQueue;
+  let empty = "No dead letters.";
+  if (queue) empty = page ? `No dead letters in ${queue}.` : `Loading the dead letters of ${queue}…`;
+  setText($("dead-empty"), empty);
+  setText($("dead-range"), total > 0 ? `${fmtCount(offset + 1)}–${fmtCount(offset + jobs.length)} of ${fmtCount(total)}` : "");
+  $("dead-prev").disabled = !page || offset <= 0;
+  $("dead-next").disabled = !page || offset + jobs.length >= total;
+  const purge = $("purge-dead");
+  purge.hidden = !admin || !state.watch.deadQueue;
+  purge.disabled = total === 0;
+  // The page went past the end (jobs redriven or purged): step back to the last one.
+  if (page && jobs.length === 0 && offset > 0 && offset === state.watch.deadOffset) {
+    state.watch.deadOffset = Math.max(0, Math.floor((total - 1) / DEAD_LIMIT) * DEAD_LIMIT);
+    sendWatch();
+  }
+}
+
+function deadRow(job, admin) {
+  const id = String(job.id);
+  const row = el(
+    "tr",
+    { "data-testid": `dead-row-${id}`, "data-job": id },
+    el(
+      "th",
+      { scope: "row", class: "mono", "data-field": "id" },
+      el("button", { type: "button", class: "link mono", text: id, title: "Follow this job", onclick: () => followJob(id) }),
+    ),
+    el("td", { class: "error-text", "data-field": "last_error", text: job.last_error ?? "" }),
+    el("td", { class: "num", "data-field": "attempts", text: fmtCount(job.attempts) }),
+    el("td", { "data-field": "died_at", text: fmtTime(job.died_at), title: fmtDate(job.died_at) }),
+    el("td", { "data-field": "payload_preview" }, el("code", { class: "preview", text: job.payload_preview ?? "" })),
+  );
+  if (admin) {
+    row.append(
+      el(
+        "td",
+        { class: "actions-col" },
+        el("button", { type: "button", "data-testid": `redrive-${id}`, text: "Redrive", onclick: () => act("redrive", { id }) }),
+        el("button", {
+          type: "button",
+          class: "danger",
+          "data-testid": `cancel-dead-${id}`,
+          text: "Cancel",
+          onclick: () => act("cancel", { id }, `Cancel job ${id}? It is deleted for good.`),
+        }),
+      ),
+    );
+  }
+  return row;
+}
+
+function pageDead(step) {
+  const offset = Math.max(0, state.watch.deadOffset + step * DEAD_LIMIT);
+  if (offset === state.watch.deadOffset) return;
+  state.watch.deadOffset = offset;
+  sendWatch();
+}
+
+// -- the followed job ---------------------------------------------------------------------
+
+const JOB_FIELDS = [
+  ["id", "text"],
+  ["queue", "text"],
+  ["state", "state"],
+  ["priority", "count"],
+  ["attempts", "count"],
+  ["max_attempts", "count"],
+  ["visibility_timeout_s", "seconds"],
+  ["backoff_base_s", "seconds"],
+  ["backoff_max_s", "seconds"],
+  ["enqueued_at", "time"],
+  ["ready_at", "time"],
+  ["expires_at", "time"],
+  ["worker_id", "text"],
+  ["deadline", "time"],
+  ["last_error", "text"],
+  ["died_at", "time"],
+  ["key", "text"],
+  ["payload", "json"],
+];
+
+function followJob(id) {
+  $("job-input").value = id;
+  state.watch.job = id;
+  $("job-clear").hidden = false;
+  renderJob(null, state.last ? state.last.at : 0);
+  sendWatch();
+  $("job-card").scrollIntoView({ block: "nearest", behavior: "smooth" });
+}
+
+function fmtField(kind, value, at) {
+  if (value === null || value === undefined) return "—";
+  switch (kind) {
+    case "count":
+      return fmtCount(value);
+    case "seconds":
+      return typeof value === "number" ? `${value} s` : String(value);
+    case "time": {
+      if (typeof value !== "number") return String(value);
+      const delta = value - at;
+      const rel = Math.abs(delta) < 1 ? "now" : delta > 0 ? `in ${fmtDuration(delta)}` : `${fmtDuration(-delta)} ago`;
+      return `${fmtTime(value)} (${rel})`;
+    }
+    case "json":
+      return fmtJson(value);
+    default:
+      return typeof value === "string" ? value : fmtJson(value);
+  }
+}
+
+function renderJob(job, at) {
+  const view = $("job-view");
+  const wanted = state.watch.job;
+  const key = JSON.stringify([wanted, isAdmin(), job]);
+  if (key === state.jobKey) {
+    for (const [node, epoch] of state.jobTimes) setText(node, fmtField("time", epoch, at));
+    return;
+  }
+  state.jobKey = key;
+  state.jobTimes = [];
+  if (!wanted) {
+    view.dataset.state = "none";
+    view.replaceChildren(el("p", { class: "empty", text: "Type a job id to follow it live." }));
+    return;
+  }
+  if (!job || job.id !== wanted) {
+    view.dataset.state = "loading";
+    view.replaceChildren(el("p", { class: "empty", text: `Looking up ${wanted}…` }));
+    return;
+  }
+  if (job.gone) {
+    view.dataset.state = "gone";
+    view.replaceChildren(
+      el("p", { class: "empty", "data-testid": "job-gone", text: `No job ${wanted}: never enqueued, or gone (acked, cancelled or purged).` }),
+    );
+    return;
+  }
+  view.dataset.state = String(job.state);
+  const list = el("dl", { class: "fields" });
+  const known = new Set(JOB_FIELDS.map(([key]) => key));
+  const fields = JOB_FIELDS.concat(Object.keys(job).filter((k) => !known.has(k)).map((k) => [k, "text"]));
+  // Short values two to a row (when the card is wide), long ones across, after them.
+  const isWide = ([key, kind]) => kind === "json" || (typeof job[key] === "string" && job[key].length > 40);
+  const ordered = fields.filter((f) => !isWide(f)).concat(fields.filter(isWide));
+  for (const [key, kind] of ordered) {
+    let value;
+    if (kind === "state") value = el("span", { class: `pill state-${job.state}`, text: String(job.state) });
+    else if (kind === "json") value = el("pre", { class: "payload", text: fmtField(kind, job[key], at) });
+    else value = fmtField(kind, job[key], at);
+    const wide = isWide([key, kind]);
+    const dd = el("dd", {}, value);
+    if (kind === "time" && typeof job[key] === "number") state.jobTimes.push([dd, job[key]]);
+    list.append(el("div", { "data-field": key, class: wide ? "wide" : null }, el("dt", { text: key }), dd));
+  }
+  const children = [list];
+  if (isAdmin()) {
+    const id = String(job.id);
+    const actions = el("div", { class: "job-actions" });
+    if (job.state === "dead") {
+      actions.append(el("button", { type: "button", "data-testid": "job-redrive", text: "Redrive", onclick: () => act("redrive", { id }) }));
+    }
+    actions.append(
+      el("button", {
+        type: "button",
+        class: "danger",
+        "data-testid": "job-cancel",
+        text: "Cancel job",
+        onclick: () => act("cancel", { id }, `Cancel job ${id}? It is deleted for good.`),
+      }),
+    );
+    children.push(actions);
+  }
+  view.replaceChildren(...children);
+}
+
+// -- admin actions ------------------------------------------------------------------------
+
+const DONE = {
+  pause: (f) => `Paused ${f.queue}.`,
+  resume: (f) => `Resumed ${f.queue}.`,
+  redrive: (f, r) => (r.redriven ? `Redrove ${f.id}.` : `${f.id} was not dead any more.`),
+  purge_dead: (f, r) => `Purged ${fmtCount(r.purged)} dead letters of ${f.queue}.`,
+  cancel: (f, r) => (r.cancelled ? `Cancelled ${f.id}.` : `${f.id} no longer existed.`),
+};
+
+async function act(op, fields, confirmText) {
+  if (confirmText && !window.confirm(confirmText)) return null;
+  const reply = await request(op, fields);
+  if (reply.ok) notice(DONE[op] ? DONE[op](fields, reply) : `${op}: done`, "ok");
+  else notice(`${op} refused: ${reply.error.message || reply.error.code}`, "error");
+  return reply;
+}
+
+// -- start --------------------------------------------------------------------------------
+
+function start() {
+  $("token-form").addEventListener("submit", onTokenSubmit);
+  $("dead-queue").addEventListener("change", (e) => chooseDeadQueue(e.target.value || null, true));
+  $("dead-prev").addEventListener("click", () => pageDead(-1));
+  $("dead-next").addEventListener("click", () => pageDead(1));
+  $("purge-dead").addEventListener("click", () => {
+    const queue = state.watch.deadQueue;
+    if (queue) act("purge_dead", { queue }, `Purge every dead letter of ${queue}? They are deleted for good.`);
+  });
+  $("job-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const id = $("job-input").value.trim();
+    if (id) followJob(id);
+  });
+  $("job-clear").addEventListener("click", () => {
+    state.watch.job = null;
+    $("job-input").value = "";
+    $("job-clear").hidden = true;
+    renderJob(null, 0);
+    sendWatch();
+  });
+  // For tests and the console: a request on the dashboard's own connection.
+  window.conveyorDashboard = Object.freeze({ request: (op, fields) => request(op, fields ?? {}) });
+  connect();
+}
+
+start();
