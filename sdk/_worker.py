@@ -88,6 +88,9 @@ class Worker:
         self.name = name
         self._handlers: dict[str, Handler] = {}
         self._held: dict[str, Job] = {}  # job id -> job, until its report is answered
+        # job id -> a later attempt of a held job, pushed after our lease lapsed (an outage
+        # past the grace): it runs once the held attempt ends.
+        self._again: dict[str, Job] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._cancelled: set[str] = set()
         self._stop: asyncio.Event | None = None
@@ -210,7 +213,8 @@ class Worker:
     # -- the session's hooks --------------------------------------------------------------
 
     async def _subscribe(self, session: Session) -> None:
-        leases = [{"id": job.id, "lease": job.lease} for job in self._held.values()]
+        held = [*self._held.values(), *self._again.values()]
+        leases = [{"id": job.id, "lease": job.lease} for job in held]
         reply = await session.request(
             "subscribe",
             {
@@ -233,8 +237,13 @@ class Worker:
         if kind == "jobs" and tg is not None:
             for data in frame.get("jobs", []):
                 job = self._job(data)
-                if job.id in self._held:
-                    continue  # already running here (a re-push after a reconnect race)
+                held = self._held.get(job.id)
+                if held is not None:
+                    # Our lease lapsed and the broker handed the job back to us: its report
+                    # will not land, so run this attempt once the held one has ended.
+                    if held.lease != job.lease:
+                        self._again[job.id] = job
+                    continue
                 self._held[job.id] = job
                 self._idle.clear()
                 tg.start_soon(self._run_job, job)
@@ -282,8 +291,13 @@ class Worker:
                 await self._report(job, *report)
         finally:
             self._scopes.pop(job.id, None)
+            cancelled = job.id in self._cancelled
             self._cancelled.discard(job.id)
             self._held.pop(job.id, None)
+            again = self._again.pop(job.id, None)
+            if again is not None and not cancelled and self._task_group is not None:
+                self._held[again.id] = again
+                self._task_group.start_soon(self._run_job, again)
             if not self._held:
                 self._idle.set()
 

@@ -9,13 +9,16 @@ The model is deliberately naive: plain objects in a dict, linear scans, a sort p
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
+import pytest
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -24,7 +27,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broker.engine import JobTable, NewJob, QueueOpts
+from broker.engine import InvalidArgument, JobTable, NewJob, QueueOpts
+
+# A passing run takes a few seconds; shrinking a failure to a short sequence can take
+# minutes, and the project's 60 s default would cut it off before it prints the example.
+pytestmark = pytest.mark.timeout(600)
 
 START = 1_000.0
 QUEUES = ("q1", "q2")
@@ -69,6 +76,8 @@ class ManualClock:
 
 @dataclass
 class MJob:
+    """A live row: the contract's job fields, plus the current lease and the engine's seq."""
+
     id: str
     queue: str
     seq: int
@@ -94,6 +103,14 @@ class MJob:
 
 @dataclass
 class MQueue:
+    """A queue's options and pause switch, and its running totals.
+
+    The contract does not define the totals; these are the engine's ``QueueTotals`` as
+    read plainly: enqueued = new rows (not key hits), completed = acks that landed,
+    retried = retries that went back to pending, dead = every death, expired = deaths by
+    expiry, cancelled = cancels that found the job.
+    """
+
     opts: QueueOpts
     paused: bool = False
     totals: dict[str, int] = field(
@@ -183,9 +200,14 @@ class Model:
         self.queues[queue].totals["enqueued"] += 1
 
     def claim(self, queue: str, worker: str, n: int) -> list[str]:
-        """The ids handed out, in order; rows met on the way die here. Leases are set later."""
+        """The ids handed out, in order; rows met on the way die here. Leases are set later.
+
+        Contract, "Claiming": claimable rows sorted by priority desc, ready time (a
+        reclaim's is its lapsed deadline), seq; "When do they die?": an expired or used-up
+        row the claim meets before it has its n jobs dies in it, later rows wait for a sweep.
+        """
         if n <= 0 or self.queues[queue].paused:
-            return []
+            return []  # a paused queue hands out nothing, so its claim meets no row
         now = self.now
         rows: list[tuple[int, float, int, MJob]] = []
         for j in self.jobs.values():
@@ -234,7 +256,7 @@ class Model:
             delay = delay_s
         j.state = PENDING
         j.ready_at = self.now + delay
-        if error:
+        if error:  # None or "" means "no error given": the last one is kept
             j.last_error = error
         j.worker_id = j.deadline = j.lease = None
         self.queues[j.queue].totals["retried"] += 1
@@ -284,6 +306,7 @@ class Model:
         return len(gone)
 
     def sweep(self, queue: str | None) -> tuple[int, int, int]:
+        """Contract, "Other queue operations": expired, then used-up lapsed, then retention."""
         now = self.now
         expired = exhausted = purged = 0
         mine = [j for j in self.jobs.values() if queue is None or j.queue == queue]
@@ -324,7 +347,13 @@ class Model:
         return counts
 
     def next_event(self) -> tuple[bool, float | None]:
-        """(a sweep is due now, the earliest future timed event or None)."""
+        """(a sweep is due now, the earliest future timed event or None).
+
+        As the engine API puts ``next_event_at()``: a scheduled job maturing, a lease
+        lapsing, a job expiring, a dead row's retention ending; a value <= now means a
+        sweep is due. A lapsed lease with attempts left is not an event (a claim takes it);
+        one with its attempts used up waits for a sweep, so it is due.
+        """
         now = self.now
         due = False
         future: list[float] = []
@@ -383,9 +412,18 @@ job_specs = st.fixed_dictionaries(
 )
 indexes = st.integers(0, 63)
 ops = st.sampled_from(["ack", "retry", "retry", "retry", "fail", "heartbeat", "heartbeat", "lapse"])
-errors = st.sampled_from([None, "", "boom"])
+errors = st.sampled_from([None, "", "boom", "oops"])
 retry_delays = st.sampled_from([None, None, None, 0.0, 2.5])
 claim_sizes = st.sampled_from([-1, 0, 1, 1, 2, 2, 3, 3])
+BAD_OPTIONS = [  # (field, value) that a guard must refuse
+    ("priority", 2**31),
+    ("priority", True),
+    ("delay_s", -1.0),
+    ("expires_s", 0.0),
+    ("max_attempts", 0),
+    ("visibility_timeout_s", math.nan),
+    ("backoff_base_s", math.inf),
+]
 
 enqueue_args = {
     "queue": st.sampled_from(QUEUES),
@@ -425,7 +463,7 @@ class EngineVsModel(RuleBasedStateMachine):
     ) -> None:
         opts = {
             "q1": QueueOpts(
-                visibility_timeout_s=10.0, max_attempts=2, backoff_base_s=1.0, backoff_max_s=3.0
+                visibility_timeout_s=10.0, max_attempts=3, backoff_base_s=1.0, backoff_max_s=3.0
             ),
             "q2": QueueOpts(
                 visibility_timeout_s=4.0,
@@ -493,9 +531,13 @@ class EngineVsModel(RuleBasedStateMachine):
         if existing is not None:
             assert job_id == existing.id, "same key on same queue must return the existing id"
             return
-        assert job_id not in self.ids, f"id {job_id} reused"
+        assert job_id not in self.ids, (
+            f"enqueue with key {spec['key']!r} returned {job_id}, an id already issued, "
+            "though no live job of the queue has that key"
+        )
         job = self.table.get_job(job_id)
         assert job is not None
+        job.payload["n"] = -1  # a snapshot is a copy: changing it changes nothing
         if self.last_seq is not None:
             assert job.seq > self.last_seq, "seq must grow with each enqueue"
         self.last_seq = job.seq
@@ -530,6 +572,22 @@ class EngineVsModel(RuleBasedStateMachine):
         assert len(ids) == len(prepared)
         for job_id, (payload, kwargs) in zip(ids, prepared, strict=True):
             self.after_enqueue(queue, job_id, payload, kwargs)
+
+    @rule(
+        queue=st.sampled_from(QUEUES),
+        specs=st.lists(job_specs, min_size=1, max_size=3),
+        i=indexes,
+        bad=st.sampled_from(BAD_OPTIONS),
+    )
+    def enqueue_bad_batch(self, queue: str, specs: list[dict], i: int, bad: tuple) -> None:
+        """A batch with one bad job is rejected whole, naming the job and field."""
+        name, value = bad
+        index = i % len(specs)
+        jobs = [NewJob({"bad": k}, **self.prepare(spec)[1]) for k, spec in enumerate(specs)]
+        jobs[index] = dataclasses.replace(jobs[index], **{name: value})
+        with pytest.raises(InvalidArgument) as exc:
+            self.q[queue].enqueue_batch(jobs)
+        assert exc.value.field == f"jobs[{index}].{name}"
 
     # -- claims
 
@@ -620,10 +678,29 @@ class EngineVsModel(RuleBasedStateMachine):
         want = sum(self.model.ack(job_id, lease, queue) for job_id, lease in entries)
         assert got == want, f"ack_batch on {queue} {entries}: model {want}, engine {got}"
 
+    @precondition(lambda self: bool(self.held))
+    @rule(i=indexes, via_table=st.booleans(), delay_s=st.sampled_from([-1.0, math.inf, math.nan]))
+    def retry_with_bad_delay(self, i: int, via_table: bool, delay_s: float) -> None:
+        """A bad delay_s raises on any lease, valid or stale, and changes nothing."""
+        h = self.held[i % len(self.held)]
+        with pytest.raises(InvalidArgument) as exc:
+            if via_table:
+                self.table.retry(h.id, h.lease, error="bad", delay_s=delay_s)
+            else:
+                h.handle.retry(error="bad", delay_s=delay_s)
+        assert exc.value.field == "delay_s"
+
     # -- operator actions
 
-    def pick_id(self, i: int) -> str:
-        return self.ids[i % len(self.ids)] if self.ids and i < 60 else "no-such-id"
+    def pick_id(self, i: int, action: str) -> str:
+        """Often a dead job for a redrive, else any id ever issued (maybe gone), or none."""
+        if i >= 60 or not self.ids:
+            return "no-such-id"
+        if action == "redrive" and i < 40:
+            dead = [j.id for j in self.model.jobs.values() if j.state == DEAD]
+            if dead:
+                return dead[i % len(dead)]
+        return self.ids[i % len(self.ids)]
 
     @rule(
         action=st.sampled_from(
@@ -635,7 +712,7 @@ class EngineVsModel(RuleBasedStateMachine):
     def operator(self, action: str, i: int, via: str | None) -> None:
         """Cancel or redrive (by table or by queue), pause, resume, purge_dead."""
         if action in ("cancel", "redrive"):
-            job_id = self.pick_id(i)
+            job_id = self.pick_id(i, action)
             target = self.table if via is None else self.q[via]
             got = getattr(target, action)(job_id)
             want = getattr(self.model, action)(job_id, via)
@@ -711,18 +788,34 @@ class EngineVsModel(RuleBasedStateMachine):
 
     @invariant()
     def leases_agree(self) -> None:
-        # The model holds at most one valid lease per job, by construction; every lease the
-        # model calls invalid must be refused by the engine (a refused heartbeat changes
-        # nothing), so the engine never has two valid leases on one job either.
-        valid = [(h.id, h.lease) for h in self.valid_held()]
-        assert len({job_id for job_id, _ in valid}) == len(valid)
-        for job_id, _ in valid:
-            m = self.model.jobs[job_id]
-            job = self.table.get_job(job_id)
-            assert job is not None and job.state == PROCESSING
-            assert m.deadline is not None and self.model.now < m.deadline
+        """The engine accepts exactly the leases the model calls valid.
+
+        ``held_leases()`` must list exactly the model's valid leases. The model holds at
+        most one valid lease per job, by construction. Every lease it calls invalid must be
+        refused by the engine (a refused heartbeat changes nothing), so the engine never
+        has two valid leases on one job either. A valid lease whose deadline is exactly
+        now + visibility (no time has passed since its claim or last heartbeat) is probed
+        too: a heartbeat then writes the deadline it already has.
+        """
+        now = self.model.now
+        valid = self.valid_held()
+        assert len({h.id for h in valid}) == len(valid)
+        want = {
+            (j.id, j.lease, j.worker_id)
+            for j in self.model.jobs.values()
+            if j.state == PROCESSING and j.deadline is not None and now < j.deadline
+        }
+        got = set(self.table.held_leases())
+        assert got == want, f"held_leases: model {sorted(want)}, engine {sorted(got)}"
         for h in self.held:
-            if not self.model.valid(h.id, h.lease):
+            m = self.model.jobs.get(h.id)
+            if h in valid:
+                assert m is not None and m.deadline is not None
+                if m.deadline == now + m.visibility_timeout_s:
+                    assert self.table.heartbeat(h.id, h.lease) is True, (
+                        f"valid lease of {h.id} refused"
+                    )
+            else:
                 assert self.table.heartbeat(h.id, h.lease) is False, (
                     f"stale lease of {h.id} still accepted"
                 )
@@ -744,6 +837,7 @@ EngineVsModel.TestCase.settings = settings(
     stateful_step_count=40,
     deadline=None,
     report_multiple_bugs=False,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestEngineVsModel = EngineVsModel.TestCase
