@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import ipaddress
 import logging
+import resource
 import sys
 from collections.abc import Callable, Sequence
 
@@ -34,6 +35,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _raise_fd_limit() -> None:
+    """Allow as many open sockets as the system lets us: each connection holds one."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):  # not allowed here: keep the limit we have
+        pass
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
@@ -43,6 +56,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    _raise_fd_limit()
     # websockets logs its own view of peer faults; ours are enough.
     logging.getLogger("websockets").setLevel(logging.CRITICAL)
     if not config.tokens and not _is_loopback(config.host):

@@ -415,6 +415,19 @@ ops = st.sampled_from(["ack", "retry", "retry", "retry", "fail", "heartbeat", "h
 errors = st.sampled_from([None, "", "boom", "oops"])
 retry_delays = st.sampled_from([None, None, None, 0.0, 2.5])
 claim_sizes = st.sampled_from([-1, 0, 1, 1, 2, 2, 3, 3])
+CHURN = 70  # rows per churn step: more than the engine's heaps leave stale before compacting
+PLAIN_SPEC = dict.fromkeys(
+    (
+        "priority",
+        "delay_s",
+        "run_at",
+        "expires_s",
+        "max_attempts",
+        "visibility_timeout_s",
+        "backoff_base_s",
+        "key",
+    )
+)
 BAD_OPTIONS = [  # (field, value) that a guard must refuse
     ("priority", 2**31),
     ("priority", True),
@@ -448,6 +461,13 @@ op_args = {
 
 
 class EngineVsModel(RuleBasedStateMachine):
+    """Two queues (q2 with dead-letter retention and maybe an expiry default), two workers.
+
+    Every rule does one thing to the engine and the same to the model and compares the
+    answers; the invariants then compare every job, the stats, the valid leases and
+    ``next_event_at()``. Handles are kept after they go stale, to be tried again.
+    """
+
     @initialize(
         seed=st.integers(0, 2**32 - 1),
         retention=st.sampled_from([0.0, 3.0, 7.5]),
@@ -588,6 +608,39 @@ class EngineVsModel(RuleBasedStateMachine):
         with pytest.raises(InvalidArgument) as exc:
             self.q[queue].enqueue_batch(jobs)
         assert exc.value.field == f"jobs[{index}].{name}"
+
+    @rule(queue=st.sampled_from(QUEUES), claim=st.booleans())
+    def churn(self, queue: str, claim: bool) -> None:
+        """Enough rows come and go in one step that the engine compacts its indexes.
+
+        CHURN top-priority jobs (with an expiry, scheduled unless ``claim``) are enqueued,
+        then claimed and acked, or cancelled. They go first in claim order, so the claim
+        meets no other row; the other rows must come out of the compaction unharmed.
+        """
+        q, m = self.q[queue], self.model
+        spec = {
+            **PLAIN_SPEC,
+            "priority": 10,
+            "expires_s": 50.0,
+            "delay_s": None if claim else 1.0,
+        }
+        payloads = [{"churn": k} for k in range(CHURN)]
+        ids = q.enqueue_batch([NewJob(p, **spec) for p in payloads])
+        for job_id, payload in zip(ids, payloads, strict=True):
+            job = q.get_job(job_id)
+            assert job is not None
+            m.enqueue(queue, job_id, job.seq, payload, spec)
+        handles = q.claim_batch("w1", CHURN) if claim else []
+        want = m.claim(queue, "w1", CHURN) if claim else []
+        assert [h.id for h in handles] == want == (ids if want else [])
+        for h in handles:
+            m.jobs[h.id].lease = h.lease
+        landed = q.ack_batch([(h.id, h.lease) for h in handles])
+        assert landed == sum(m.ack(h.id, h.lease, queue) for h in handles) == len(handles)
+        for job_id in ids:
+            if job_id in m.jobs:
+                assert q.cancel(job_id) is m.cancel(job_id, queue) is True
+            assert self.table.get_job(job_id) is None
 
     # -- claims
 
