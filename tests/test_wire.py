@@ -712,3 +712,17 @@ def test_decode_reads_a_number_too_large_for_a_double_as_infinite() -> None:
     with pytest.raises(WireError) as caught:
         decode('{"a": 1e999, "b": NaN}')
     assert caught.value.code == "bad_json"
+
+
+def test_an_encoded_payload_holds_only_its_own_bytes() -> None:
+    # The broker stores these bytes for every job: a buffer kept beside them would cost
+    # kilobytes per job (orjson's output keeps its whole write buffer).
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        kept = [encode_payload({"to": "someone@example.com", "n": i}) for i in range(200)]
+        per_payload = tracemalloc.get_traced_memory()[0] / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert per_payload < 200, per_payload
