@@ -112,7 +112,9 @@ class Session:
             if self._ready or not resend:
                 await self._send(frame)
             try:
-                reply = await asyncio.wait_for(asyncio.shield(future), self.request_timeout)
+                # (asyncio.timeout, not wait_for: no extra task per request)
+                async with asyncio.timeout(self.request_timeout):
+                    reply = await future
             except TimeoutError:
                 raise ConnectionFailed(
                     f"{op}: no reply from {self.url} within {self.request_timeout} s"

@@ -1,8 +1,9 @@
 """The worker runtime: subscribe, run handlers, heartbeat leases, report outcomes.
 
 A ``Worker`` holds one reconnecting session. Each pushed job runs in its own task
-under a cancel scope, with a heartbeat task beside it (about every third of the
-job's visibility timeout), and is reported when the handler ends:
+under a cancel scope; one loop for the whole worker beats the leases of running jobs
+(a ``heartbeat_batch`` about every third of each job's visibility timeout); a job is
+reported when its handler ends:
 
 * the handler returns: ``ack``;
 * it raises ``Retry(delay_s, error)``: ``retry`` (the broker's backoff curve when
@@ -25,6 +26,7 @@ cancels everything at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -100,6 +102,8 @@ class Worker:
         self._limiter = anyio.CapacityLimiter(prefetch)
         self._stopping = False
         self._fatal: ConveyorError | None = None  # a refusal that ended run()
+        self._beats: dict[str, tuple[float, Job]] = {}  # running job -> (next beat, job)
+        self._beat_wake = asyncio.Event()
         self._idle = asyncio.Event()  # set whenever no job is held
         self._idle.set()
         self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
@@ -146,6 +150,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._task_group = tg
                 tg.start_soon(self._run_session, session)
+                tg.start_soon(self._heartbeat_loop, session)
                 await self._stop.wait()
                 if self._fatal is None:
                     await self._drain(session)
@@ -246,7 +251,7 @@ class Worker:
                     continue
                 self._held[job.id] = job
                 self._idle.clear()
-                tg.start_soon(self._run_job, job)
+                tg.start_soon(self._run_job, job, name="conveyor-job")
         elif kind == "cancelled":
             for job_id in frame.get("ids", []):
                 self._cancelled.add(job_id)
@@ -297,44 +302,70 @@ class Worker:
             again = self._again.pop(job.id, None)
             if again is not None and not cancelled and self._task_group is not None:
                 self._held[again.id] = again
-                self._task_group.start_soon(self._run_job, again)
+                self._task_group.start_soon(self._run_job, again, name="conveyor-job")
             if not self._held:
                 self._idle.set()
 
     async def _call_handler(self, job: Job) -> tuple[str, dict[str, Any]]:
         handler = self._handlers[job.queue]
-        async with anyio.create_task_group() as beats:
-            beats.start_soon(self._heartbeats, job)
-            try:
-                if inspect.iscoroutinefunction(handler):
-                    await handler(job)
-                else:
-                    await anyio.to_thread.run_sync(
-                        handler, job, limiter=self._limiter, abandon_on_cancel=True
-                    )
-                outcome: tuple[str, dict[str, Any]] = ("ack", {})
-            except Retry as retry:
-                outcome = ("retry", {"delay_s": retry.delay_s, "error": retry.error})
-            except Fail as fail:
-                outcome = ("fail", {"error": fail.error})
-            except Exception as exc:
-                log.exception("handler for %s failed on job %s", job.queue, job.id)
-                outcome = ("retry", {"error": f"{type(exc).__name__}: {exc}"})
-            finally:
-                beats.cancel_scope.cancel()
+        self._schedule_beat(job)
+        try:
+            if inspect.iscoroutinefunction(handler):
+                await handler(job)
+            else:
+                await anyio.to_thread.run_sync(
+                    handler, job, limiter=self._limiter, abandon_on_cancel=True
+                )
+            outcome: tuple[str, dict[str, Any]] = ("ack", {})
+        except Retry as retry:
+            outcome = ("retry", {"delay_s": retry.delay_s, "error": retry.error})
+        except Fail as fail:
+            outcome = ("fail", {"error": fail.error})
+        except Exception as exc:
+            log.exception("handler for %s failed on job %s", job.queue, job.id)
+            outcome = ("retry", {"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            self._beats.pop(job.id, None)
         self.handled += 1
         return outcome
 
-    async def _heartbeats(self, job: Job) -> None:
-        interval = max(0.05, job.visibility_timeout_s / 3)
+    # -- lease heartbeats: one loop for every running job ---------------------------------
+
+    def _schedule_beat(self, job: Job) -> None:
+        """Beat ``job``'s lease about every third of its visibility timeout while it runs."""
+        at = asyncio.get_running_loop().time() + max(0.05, job.visibility_timeout_s / 3)
+        self._beats[job.id] = (at, job)
+        self._beat_wake.set()
+
+    async def _heartbeat_loop(self, session: Session) -> None:
+        """Send one ``heartbeat_batch`` for all the running jobs that are due.
+
+        One task for the whole worker instead of one per job: a job costs a dict entry
+        here, not a task, a timer and a cancel scope.
+        """
+        loop = asyncio.get_running_loop()
+        beats = self._beats
         while True:
-            await anyio.sleep(interval)
-            try:
-                if not await job.heartbeat():
-                    log.warning("job %s: lease lapsed; its result will not count", job.id)
-                    return
-            except ConveyorError as exc:
-                log.warning("job %s: heartbeat failed: %s", job.id, exc)
+            now = loop.time()
+            due = [job for at, job in beats.values() if at <= now]
+            if due:
+                for job in due:
+                    beats[job.id] = (now + max(0.05, job.visibility_timeout_s / 3), job)
+                items = [{"id": job.id, "lease": job.lease} for job in due]
+                try:
+                    reply = await session.request("heartbeat_batch", {"items": items})
+                except ConveyorError as exc:
+                    log.warning("%d heartbeat(s) failed: %s", len(due), exc)
+                    continue
+                for job, landed in zip(due, reply["landed"], strict=False):
+                    if not landed and beats.pop(job.id, None) is not None:
+                        log.warning("job %s: lease lapsed; its result will not count", job.id)
+                continue
+            self._beat_wake.clear()
+            wait = min(at for at, _ in beats.values()) - now if beats else None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._beat_wake.wait()
 
     async def _report(self, job: Job, op: str, fields: dict[str, Any]) -> None:
         session = self._session

@@ -94,6 +94,19 @@ class Probe:
         """Wake the waiters to re-check (for changes that are not broker requests)."""
         self._changed.set()
 
+    def beats(self, job_id: str) -> list[bool]:
+        """Whether each lease heartbeat the broker handled for ``job_id`` landed, in order
+        (``heartbeat`` and the entries of ``heartbeat_batch`` alike)."""
+        landed: list[bool] = []
+        for h in self.log:
+            if h.op == "heartbeat" and h.id == job_id:
+                landed.append(h.result["landed"])
+            elif h.op == "heartbeat_batch":
+                items = h.fields["items"]
+                pairs = zip(items, h.result["landed"], strict=True)
+                landed += [ok for item, ok in pairs if item["id"] == job_id]
+        return landed
+
     def handled(self, op: str, job_id: str | None = None) -> list[Handled]:
         return [h for h in self.log if h.op == op and (job_id is None or h.id == job_id)]
 
