@@ -6,9 +6,12 @@ A ``JobTable`` owns its queues and an index of every live row by sequence number
 job's id is the table's prefix followed by its ``seq`` in hex, so the index needs no
 strings). Each ``Queue`` keeps its rows in exactly one place per state:
 
-* ``_ready``: a heap keyed ``(-priority, ready time, seq)`` of everything a claim may
-  take: pending rows whose ``ready_at`` has come, and processing rows whose lease has
-  lapsed (their ready time is the lapsed ``deadline``: contract, "Claiming").
+* ``_fresh`` and ``_ready``: everything a claim may take. ``_fresh`` holds jobs that
+  were ready when enqueued, one first-in-first-out line per priority (arrival order is
+  claim order there: see ``Fifo``); ``_ready`` is a heap keyed ``(-priority, ready
+  time, seq)`` of the rest: retried, redriven and matured pending rows, and processing
+  rows whose lease has lapsed (their ready time is the lapsed ``deadline``: contract,
+  "Claiming"). A claim takes the smaller head of the two.
 * ``_scheduled``: a heap keyed ``(ready_at, seq)`` of pending rows not yet ready.
 * ``_leases``: a heap keyed ``(deadline, seq)`` of processing rows. A heartbeat only
   moves ``row.deadline`` later; the entry is re-keyed lazily when it reaches the top,
@@ -36,7 +39,7 @@ from typing import Any, NamedTuple
 
 from . import _guards as guard
 from ._errors import InvalidArgument
-from ._heap import Heap
+from ._heap import Fifo, Heap
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
 
 __all__ = ["JobHandle", "JobTable", "Queue"]
@@ -122,7 +125,7 @@ class _Row:
         self.died_at: float | None = None
         self.key = key
         self._entry: tuple[Any, ...] | None = None
-        self._heap: Heap | None = None
+        self._heap: Heap | Fifo | None = None
         self._exp_entry: tuple[Any, ...] | None = None
 
 
@@ -175,6 +178,7 @@ class Queue:
         "_dead",
         "_exhausted",
         "_expiry",
+        "_fresh",
         "_keys",
         "_leases",
         "_n_processing",
@@ -195,6 +199,7 @@ class Queue:
         self._opts = opts
         self._paused = False
         self._ready = Heap("_entry")
+        self._fresh = Fifo()
         self._scheduled = Heap("_entry")
         self._leases = Heap("_entry")
         self._expiry = Heap("_exp_entry")
@@ -351,7 +356,7 @@ class Queue:
         if row.expires_at is not None:
             self._expiry.push((row.expires_at, seq, row))
         self._advance(now)
-        self._place_pending(row, now)
+        self._place_pending(row, now, fresh=True)
         self._totals[0] += 1
         return table._format_id(seq)
 
@@ -377,13 +382,21 @@ class Queue:
         now = self._table._now()
         self._advance(now)
         handles: list[JobHandle] = []
-        ready = self._ready
+        ready, fresh = self._ready, self._fresh
         while len(handles) < n:
+            # The next row in contract order: the heap's top or a fresh line's head.
             entry = ready.top()
-            if entry is None:
+            row: _Row | None = fresh.top()
+            if row is not None and (
+                entry is None or (-row.priority, row.ready_at, row.seq) < entry[:3]
+            ):
+                fresh.pop()
+            elif entry is not None:
+                ready.pop()
+                row = entry[-1]
+            else:
                 break
-            ready.pop()
-            row: _Row = entry[-1]
+            assert row is not None
             row._heap = None
             if row.state is PENDING:
                 self._n_ready -= 1
@@ -628,11 +641,19 @@ class Queue:
         heap.push(entry)
         entry[-1]._heap = heap
 
-    def _place_pending(self, row: _Row, now: float) -> None:
-        """File a pending row under ready or scheduled by its ``ready_at``."""
+    def _place_pending(self, row: _Row, now: float, *, fresh: bool = False) -> None:
+        """File a pending row under ready or scheduled by its ``ready_at``.
+
+        ``fresh``: the row was just enqueued, so a ready one joins its priority's line
+        in ``_fresh`` (see ``Fifo``); every other ready row goes to the heap.
+        """
         self._table._touch(row)
         if row.ready_at <= now:
-            self._push(self._ready, (-row.priority, row.ready_at, row.seq, row))
+            if fresh:
+                self._fresh.append(row)
+                row._heap = self._fresh
+            else:
+                self._push(self._ready, (-row.priority, row.ready_at, row.seq, row))
             self._n_ready += 1
         else:
             self._push(self._scheduled, (row.ready_at, row.seq, row))
@@ -677,7 +698,7 @@ class Queue:
             row._heap = None
         state = row.state
         if state is PENDING:
-            if heap is self._ready:
+            if heap is self._ready or heap is self._fresh:
                 self._n_ready -= 1
             else:
                 self._n_scheduled -= 1
