@@ -33,6 +33,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_cost.py
+	$(BIN)/python bench/feed_cost.py
 	$(BIN)/python bench/e2e.py
 
 clean:
