@@ -30,6 +30,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from sdk._socket import write_joined
 from sdk._wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
@@ -251,19 +252,7 @@ class _Socket(ServerConnection):
     """websockets' server connection, writing each batch of frames in one piece."""
 
     def send_data(self) -> None:
-        chunks = self.protocol.data_to_send()
-        if len(chunks) > 1 and all(chunks):
-            # One write for many frames: one syscall where there would be one per frame.
-            self.transport.write(b"".join(chunks))
-            return
-        for chunk in chunks:  # an empty chunk asks for a half-close: the general path
-            if chunk:
-                self.transport.write(chunk)
-            elif self.transport.can_write_eof():
-                with contextlib.suppress(Exception):
-                    self.transport.write_eof()
-            else:
-                self.transport.close()
+        write_joined(self.protocol, self.transport)
 
 
 class Connection:

@@ -12,7 +12,6 @@ Requests may be many at once (pipelined); replies are matched by ``rid``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
@@ -23,6 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from ._errors import ConnectionFailed, ConveyorError, Unauthorized, error_from_reply
+from ._socket import write_joined
 from ._wire import WireError, decode, encode
 
 __all__ = ["Session"]
@@ -50,18 +50,7 @@ class _Socket(ClientConnection):
     """websockets' client connection, writing each batch of frames in one piece."""
 
     def send_data(self) -> None:
-        chunks = self.protocol.data_to_send()
-        if len(chunks) > 1 and all(chunks):
-            self.transport.write(b"".join(chunks))  # one syscall for the whole batch
-            return
-        for chunk in chunks:  # an empty chunk asks for a half-close: the general path
-            if chunk:
-                self.transport.write(chunk)
-            elif self.transport.can_write_eof():
-                with contextlib.suppress(Exception):
-                    self.transport.write_eof()
-            else:
-                self.transport.close()
+        write_joined(self.protocol, self.transport)
 
 
 class _Lost(Exception):
