@@ -894,11 +894,21 @@ async def conveyor_remaining(url: str) -> int:
     return 0 if q is None else int(q["ready"] + q["scheduled"] + q["processing"])
 
 
+def probe(name: str, url: str) -> None:
+    """Skip at once, with the reason, when nothing listens at the URL's host and port."""
+    host, port = url.split("@")[-1].split("//")[-1].split("/")[0].rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), 3).close()
+    except OSError as exc:
+        raise Skip(f"{name} is not reachable at {host}:{port}: {exc}") from None
+
+
 async def rabbit_check() -> str:
     try:
         import aio_pika
     except ImportError as exc:
         raise Skip("aio-pika is not installed: pip install -r bench/requirements.txt") from exc
+    probe("RabbitMQ", RABBIT_URL)
     try:
         connection = await aio_pika.connect(RABBIT_URL, timeout=5)
     except Exception as exc:
@@ -949,6 +959,7 @@ async def nats_check() -> str:
         import nats  # noqa: F401 (is it installed?)
     except ImportError as exc:
         raise Skip("nats-py is not installed: pip install -r bench/requirements.txt") from exc
+    probe("NATS", NATS_URL)
     try:
         nc = await nats_connect()
     except Exception as exc:
