@@ -366,9 +366,9 @@ class Dispatcher:
 
     def _lapse(self, held: dict[str, str]) -> None:
         for lease, job_id in held.items():
-            job = self.table.get_job(job_id)
-            if job is not None and self.table.lapse(job_id, lease):
-                self.queue_changed(job.queue)
+            name = self.table.queue_of(job_id)
+            if name is not None and self.table.lapse(job_id, lease):
+                self.queue_changed(name)
         self.kick()
 
 

@@ -179,10 +179,9 @@ def retry(conn: Connection, f: dict[str, Any]) -> Result:
     table = conn.broker.table
     landed = table.retry(f["id"], f["lease"], f["error"], f["delay_s"])
     _finish(conn, f["id"], f["lease"])
-    if landed:
-        job = table.get_job(f["id"])
-        if job is not None:
-            conn.broker.dispatcher.queue_changed(job.queue)
+    name = table.queue_of(f["id"]) if landed else None
+    if name is not None:
+        conn.broker.dispatcher.queue_changed(name)
     return {"landed": landed}
 
 
@@ -225,10 +224,9 @@ def resume(conn: Connection, f: dict[str, Any]) -> Result:
 def redrive(conn: Connection, f: dict[str, Any]) -> Result:
     table = conn.broker.table
     redriven = table.redrive(f["id"])
-    if redriven:
-        job = table.get_job(f["id"])
-        if job is not None:
-            conn.broker.dispatcher.queue_changed(job.queue)
+    name = table.queue_of(f["id"]) if redriven else None
+    if name is not None:
+        conn.broker.dispatcher.queue_changed(name)
     return {"redriven": redriven}
 
 

@@ -131,10 +131,8 @@ class Broker:
 
     def queue(self, name: str, field: str = "queue") -> Queue:
         """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
-        try:
-            return self.table.queue(name)
-        except InvalidArgument as exc:
-            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
+        self.check_queue_name(name, field)
+        return self.table.queue(name)
 
     def check_queue_name(self, name: str, field: str) -> None:
         """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid queue name."""

@@ -793,6 +793,11 @@ class JobTable:
 
     # -- by id alone (the broker gets bare ids) -------------------------------------------
 
+    def queue_of(self, job_id: str) -> str | None:
+        """The name of the queue the job is in, or ``None``: an O(1) look-up, no snapshot."""
+        row = self._lookup(job_id)
+        return None if row is None else row.queue.name
+
     def get_job(self, job_id: str) -> Job | None:
         row = self._lookup(job_id)
         return None if row is None else row.queue.get_job(job_id)
