@@ -311,14 +311,14 @@ class Dispatcher:
 
     def _push(self, sub: Subscription, handles: list[JobHandle]) -> None:
         now = self._clock()
+        observe = self.push_latency
         frame: list[dict[str, Any]] = []
         size = 0
         for handle in handles:
-            job = handle.job
-            if self.push_latency is not None:
-                self.push_latency(max(0.0, now - max(job.ready_at, job.enqueued_at)))
-            frame.append(pushed_job(job, handle.lease))
-            size += len(job.payload_json)
+            if observe is not None:
+                observe(now - handle.ready_since)
+            frame.append(pushed_job(handle))
+            size += len(handle.payload_json)
             if size >= _FRAME_PAYLOAD_BUDGET:
                 sub.send(jobs_push(frame))
                 frame, size = [], 0

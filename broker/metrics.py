@@ -6,15 +6,22 @@ never a walk over jobs); push latency is a real histogram the dispatcher feeds.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from .engine import JobTable
 
-__all__ = ["CONTENT_TYPE", "Metrics"]
+__all__ = ["CONTENT_TYPE", "LatencyHistogram", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -71,6 +78,43 @@ class _TableCollector(Collector):
         )
 
 
+class LatencyHistogram(Collector):
+    """``conveyor_push_latency_seconds``: observed once per pushed job, on the event loop.
+
+    prometheus_client's ``Histogram`` takes a lock and bumps a shared value per bucket on
+    every observation; at tens of thousands of pushes a second that was a tenth of the
+    broker's time. Here an observation is a bisect and one list slot, and the cumulative
+    buckets are summed only when ``/metrics`` is scraped (on the same loop, so no lock).
+    """
+
+    def __init__(self, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
+        self._bounds = buckets
+        self._counts = [0] * (len(buckets) + 1)  # the last slot is "+Inf" only
+        self._sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one push ``seconds`` after its job became claimable (negatives count 0)."""
+        if seconds < 0.0:
+            seconds = 0.0
+        # Prometheus buckets are "less than or equal": bisect_left puts a value equal to a
+        # bound in that bound's bucket.
+        self._counts[bisect_left(self._bounds, seconds)] += 1
+        self._sum += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        cumulative = []
+        running = 0
+        for bound, count in zip((*self._bounds, float("inf")), self._counts, strict=True):
+            running += count
+            cumulative.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+        yield HistogramMetricFamily(
+            "conveyor_push_latency_seconds",
+            "Time from a job becoming claimable to its push to a worker.",
+            buckets=cumulative,
+            sum_value=self._sum,
+        )
+
+
 class Metrics:
     """One broker's registry (never the process-global one, so brokers in one process
     do not mix)."""
@@ -80,12 +124,8 @@ class Metrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_TableCollector(table, workers, connections))
-        self.push_latency = Histogram(
-            "conveyor_push_latency_seconds",
-            "Time from a job becoming claimable to its push to a worker.",
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
+        self.push_latency = LatencyHistogram()
+        self.registry.register(self.push_latency)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

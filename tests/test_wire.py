@@ -588,8 +588,21 @@ class FakeJob:
     lease: str = "secret"
 
 
+@dataclass(frozen=True, slots=True)
+class FakeClaim:
+    id: str = "j1"
+    queue: str = "emails"
+    payload_json: bytes = b'{"to":"a@b.c"}'
+    attempt: int = 2
+    max_attempts: int = 5
+    lease: str = "L1"
+    deadline: float = 160.0
+    priority: int = 3
+    visibility_timeout_s: float = 30.0
+
+
 def test_pushed_job_and_jobs_push() -> None:
-    entry = wire.pushed_job(FakeJob(), "L1")
+    entry = wire.pushed_job(FakeClaim())
     assert tuple(entry) == wire.PUSHED_JOB_FIELDS
     frame = decode(encode(wire.jobs_push([entry, entry])))
     assert frame["push"] == "jobs"
@@ -726,3 +739,60 @@ def test_an_encoded_payload_holds_only_its_own_bytes() -> None:
     finally:
         tracemalloc.stop()
     assert per_payload < 200, per_payload
+
+
+# The fast check (every request's first pass) and the full check (which names the fault)
+# must agree on every frame: the same fields out, or a refusal from both.
+
+
+def _near_valid(f: Field) -> st.SearchStrategy[Any]:
+    """Mostly valid values of a field's kind, with wrong types and nulls mixed in."""
+    if f.kind is Kind.OBJECTS:
+        item = st.fixed_dictionaries(
+            {},
+            optional={
+                **{sub.name: _near_valid(sub) for sub in f.items},
+                "zzz": _json_values,
+            },
+        )
+        return st.lists(item, max_size=4) | _json_values
+    if f.kind is Kind.STRINGS:
+        return st.lists(st.sampled_from(["a", "b", ""]) | _json_values, max_size=4)
+    valid = {
+        Kind.STRING: st.sampled_from(["s", ""]),
+        Kind.INTEGER: st.integers(-3, 3),
+        Kind.NUMBER: st.integers(-3, 3) | st.floats(-1e3, 1e3),
+        Kind.ANY: _json_values,
+    }[f.kind]
+    return valid | valid | st.booleans() | st.none() | _json_values
+
+
+@st.composite
+def _spec_and_fields(draw: st.DrawFn) -> tuple[Any, dict[str, Any]]:
+    spec = OPS[draw(st.sampled_from(sorted(OPS)))]
+    frame = {}
+    for f in spec.fields:
+        if draw(st.integers(0, 4)):  # present four times in five
+            frame[f.name] = draw(_near_valid(f))
+    return spec, frame
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_spec_and_fields(), st.none() | st.integers(0, 3))
+def test_fast_check_agrees_with_the_full_check(
+    case: tuple[Any, dict[str, Any]], max_batch: int | None
+) -> None:
+    spec, frame = case
+    try:
+        slow: dict[str, Any] | WireError = wire._check_object(spec.fields, frame, "", max_batch)
+    except WireError as exc:
+        slow = exc
+    try:
+        fast: dict[str, Any] | None = wire._fast_object(spec.fields, frame, max_batch)
+    except wire._Explain:
+        fast = None
+    if isinstance(slow, WireError):
+        assert fast is None, f"the fast check took what the full one refuses: {slow.message}"
+    else:
+        assert fast == slow
+        assert [type(v) for v in fast.values()] == [type(v) for v in slow.values()]

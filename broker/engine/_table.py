@@ -130,22 +130,91 @@ class _Row:
 
 
 class JobHandle:
-    """A claim of one job: its id, its lease, and the snapshot taken at the claim.
+    """A claim of one job: its id, its lease, and what the claim made of it.
+
+    ``attempt``, ``deadline``, ``payload_json`` and the job's fixed options are read
+    straight off the handle (what a push needs); ``job`` is the full snapshot as of the
+    claim, built when first asked for, since most claims never need one.
 
     ``ack``, ``retry``, ``fail`` and ``heartbeat`` answer ``False`` when the lease is no
     longer valid (lapsed, already used, or the job cancelled or dead) and change nothing
     then; they raise ``InvalidArgument`` only for a bad argument.
     """
 
-    __slots__ = ("_queue", "_row", "id", "job", "lease")
+    __slots__ = ("_job", "_queue", "_row", "_was", "attempt", "deadline", "id", "lease")
 
-    def __init__(self, queue: Queue, row: _Row, job: Job) -> None:
+    def __init__(self, queue: Queue, row: _Row) -> None:
         self._queue = queue
         self._row = row
-        self.id = job.id
-        self.job = job
-        assert row.lease is not None
+        self._job: Job | None = None
+        self.id = queue._table._format_id(row.seq)
+        assert row.lease is not None and row.deadline is not None
         self.lease: str = row.lease
+        self.attempt: int = row.attempts
+        self.deadline: float = row.deadline
+        # What a later retry, fail or redrive may change and the snapshot must not see.
+        self._was = (row.worker_id, row.ready_at, row.last_error, row.died_at)
+
+    # A row's payload and options never change, so the handle reads them off the row.
+
+    @property
+    def queue(self) -> str:
+        return self._queue.name
+
+    @property
+    def payload_json(self) -> bytes:
+        return self._row.payload
+
+    @property
+    def priority(self) -> int:
+        return self._row.priority
+
+    @property
+    def max_attempts(self) -> int:
+        return self._row.max_attempts
+
+    @property
+    def visibility_timeout_s(self) -> float:
+        return self._row.visibility_timeout_s
+
+    @property
+    def enqueued_at(self) -> float:
+        return self._row.enqueued_at
+
+    @property
+    def ready_since(self) -> float:
+        """When the job became claimable for this claim (its ready time, or its enqueue)."""
+        return max(self._was[1], self._row.enqueued_at)
+
+    @property
+    def job(self) -> Job:
+        """The job as the claim left it (state processing), built on first use."""
+        job = self._job
+        if job is None:
+            row = self._row
+            worker_id, ready_at, last_error, died_at = self._was
+            job = self._job = Job(
+                id=self.id,
+                queue=self._queue.name,
+                state=PROCESSING,
+                payload_json=row.payload,
+                priority=row.priority,
+                attempts=self.attempt,
+                max_attempts=row.max_attempts,
+                visibility_timeout_s=row.visibility_timeout_s,
+                backoff_base_s=row.backoff_base_s,
+                backoff_max_s=row.backoff_max_s,
+                enqueued_at=row.enqueued_at,
+                ready_at=ready_at,
+                expires_at=row.expires_at,
+                worker_id=worker_id,
+                deadline=self.deadline,
+                last_error=last_error,
+                died_at=died_at,
+                key=row.key,
+                seq=row.seq,
+            )
+        return job
 
     def ack(self) -> bool:
         """The job is done: it is deleted."""
@@ -417,7 +486,7 @@ class Queue:
             self._n_processing += 1
             self._push(self._leases, (row.deadline, row.seq, row))
             self._table._touch(row)
-            handles.append(JobHandle(self, row, self._table._snapshot(row)))
+            handles.append(JobHandle(self, row))
         return handles
 
     # -- lease operations -----------------------------------------------------------------
@@ -1009,10 +1078,15 @@ class JobTable:
         if not isinstance(job_id, str) or not job_id.startswith(self.id_prefix):
             return None
         digits = job_id[len(self.id_prefix) :]
-        # int() would also take "+1f", " 1f", "1_f" and "0x1f": insist on the canonical form.
-        if not digits or digits[0] == "0" or not all(c in "0123456789abcdef" for c in digits):
+        if not 0 < len(digits) <= 32:  # a 128-bit sequence is more than any table reaches
             return None
-        return self._rows.get(int(digits, 16))
+        try:
+            seq = int(digits, 16)
+        except ValueError:
+            return None
+        # int() also takes "+1f", " 1f", "1_f", "0x1f" and "01f": only the canonical form,
+        # the one the table wrote, names a row.
+        return self._rows.get(seq) if f"{seq:x}" == digits else None
 
     def _snapshot(self, row: _Row) -> Job:
         state = row.state

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from broker.metrics import LatencyHistogram
 from broker.server import Broker
 from broker.static import StaticFiles
 
@@ -334,3 +335,17 @@ def test_a_built_wheel_ships_the_dashboard_files(tmp_path: Path) -> None:
 
     assert digests["/"] == digest("index.html")
     assert digests == {"/": digest("index.html"), **{"/" + n: digest(n) for n in served}}
+
+
+def test_push_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
+    hist = LatencyHistogram(buckets=(0.001, 0.01))
+    for seconds in (-0.5, 0.0005, 0.001, 0.002, 0.01, 3.0):
+        hist.observe(seconds)
+    [family] = hist.collect()
+    got = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    # "le" is inclusive: 0.001 counts in the 0.001 bucket; a negative time counts as 0.
+    assert got[("conveyor_push_latency_seconds_bucket", "0.001")] == 3
+    assert got[("conveyor_push_latency_seconds_bucket", "0.01")] == 5
+    assert got[("conveyor_push_latency_seconds_bucket", "+Inf")] == 6
+    assert got[("conveyor_push_latency_seconds_count", None)] == 6
+    assert got[("conveyor_push_latency_seconds_sum", None)] == 0.0005 + 0.001 + 0.002 + 0.01 + 3.0
