@@ -196,11 +196,12 @@ def heartbeat(conn: Connection, f: dict[str, Any]) -> Result:
 
 
 def ack_batch(conn: Connection, f: dict[str, Any]) -> Result:
-    table = conn.broker.table
-    landed = 0
+    ack = conn.broker.table.ack
+    landed = []
     for item in f["items"]:
-        landed += table.ack(item["id"], item["lease"])
-        _finish(conn, item["id"], item["lease"])
+        job_id, lease = item["id"], item["lease"]
+        landed.append(ack(job_id, lease))
+        _finish(conn, job_id, lease)
     return {"landed": landed}
 
 

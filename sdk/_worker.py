@@ -1,11 +1,13 @@
 """The worker runtime: subscribe, run handlers, heartbeat leases, report outcomes.
 
-A ``Worker`` holds one reconnecting session. Each pushed job runs in its own task
-under a cancel scope; one loop for the whole worker beats the leases of running jobs
-(a ``heartbeat_batch`` about every third of each job's visibility timeout); a job is
+A ``Worker`` holds one reconnecting session. Each pushed job runs in its own asyncio
+task; one loop for the whole worker beats the leases of running jobs (a
+``heartbeat_batch`` about every third of each job's visibility timeout); a job is
 reported when its handler ends:
 
-* the handler returns: ``ack``;
+* the handler returns: ``ack``. The acks of every handler that ended in the same
+  event-loop iteration go out as one ``ack_batch`` frame, so a busy worker sends one
+  frame per burst of jobs, not one per job;
 * it raises ``Retry(delay_s, error)``: ``retry`` (the broker's backoff curve when
   ``delay_s`` is ``None``);
 * it raises ``Fail(error)``: ``fail`` (dead-lettered at once);
@@ -47,6 +49,9 @@ from ._types import Fail, Job, Retry
 __all__ = ["Handler", "Worker"]
 
 log = logging.getLogger("conveyor.worker")
+
+# Acks per ack_batch frame when the broker's hello does not say (its default max_batch).
+_MAX_BATCH = 1000
 
 Handler = Callable[[Job], Awaitable[None]] | Callable[[Job], None]
 H = TypeVar("H", bound=Handler)
@@ -93,8 +98,13 @@ class Worker:
         # job id -> a later attempt of a held job, pushed after our lease lapsed (an outage
         # past the grace): it runs once the held attempt ends.
         self._again: dict[str, Job] = {}
-        self._scopes: dict[str, anyio.CancelScope] = {}
+        # job id -> its task, while the job's handler may still run (cancel targets).
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running: set[str] = set()  # ids whose handler is running now
         self._cancelled: set[str] = set()
+        self._killing = False  # a second signal: cancel handlers, start no more
+        # The acks of handlers that ended in this loop iteration, sent together.
+        self._acks: list[Job] = []
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -104,6 +114,7 @@ class Worker:
         self._fatal: ConveyorError | None = None  # a refusal that ended run()
         self._beats: dict[str, tuple[float, Job]] = {}  # running job -> (next beat, job)
         self._beat_wake = asyncio.Event()
+        self._beat_until = 0.0  # when the heartbeat loop wakes next by itself
         self._idle = asyncio.Event()  # set whenever no job is held
         self._idle.set()
         self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
@@ -136,6 +147,7 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._stopping = False
+        self._killing = False
         self._fatal = None
         session = Session(
             self.url,
@@ -159,6 +171,7 @@ class Worker:
             for sig in signals:
                 self._loop.remove_signal_handler(sig)
             self._task_group = None
+            await self._cancel_jobs()
             await session.close()
         if self._fatal is not None:
             raise self._fatal
@@ -196,9 +209,12 @@ class Worker:
     def _on_signal(self) -> None:
         if self._stopping and self._task_group is not None:
             log.warning("second signal: stopping at once")
+            self._killing = True
+            for job_id in list(self._running):
+                self._tasks[job_id].cancel()
             self._task_group.cancel_scope.cancel()
             return
-        log.info("stopping: finishing %d running job(s)", len(self._scopes))
+        log.info("stopping: finishing %d running job(s)", len(self._running))
         assert self._stop is not None
         self._stop.set()
 
@@ -212,8 +228,19 @@ class Worker:
         with anyio.move_on_after(self.shutdown_timeout_s):
             while self._held:
                 await self._idle.wait()
-        for scope in list(self._scopes.values()):
-            scope.cancel()
+        for job_id in list(self._running):
+            self._tasks[job_id].cancel()
+
+    async def _cancel_jobs(self) -> None:
+        """``run()`` is ending: cancel every job task left and wait for them to end."""
+        self._killing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._running.clear()
 
     # -- the session's hooks --------------------------------------------------------------
 
@@ -238,8 +265,7 @@ class Worker:
 
     def _on_push(self, frame: dict[str, Any]) -> None:
         kind = frame.get("push")
-        tg = self._task_group
-        if kind == "jobs" and tg is not None:
+        if kind == "jobs" and self._task_group is not None:
             for data in frame.get("jobs", []):
                 job = self._job(data)
                 held = self._held.get(job.id)
@@ -249,15 +275,24 @@ class Worker:
                     if held.lease != job.lease:
                         self._again[job.id] = job
                     continue
-                self._held[job.id] = job
-                self._idle.clear()
-                tg.start_soon(self._run_job, job, name="conveyor-job")
+                self._start(job)
         elif kind == "cancelled":
             for job_id in frame.get("ids", []):
                 self._cancelled.add(job_id)
-                scope = self._scopes.get(job_id)
-                if scope is not None:
-                    scope.cancel()
+                if job_id in self._running:
+                    self._tasks[job_id].cancel()
+
+    def _start(self, job: Job) -> None:
+        """Hold ``job`` and run its handler in a task of its own.
+
+        A plain asyncio task, not a task group's: starting one per job is most of what a
+        busy worker does, and a task group with a cancel scope per job cost more than
+        the handlers. ``run()`` cancels and awaits whatever is left when it ends.
+        """
+        assert self._loop is not None
+        self._held[job.id] = job
+        self._idle.clear()
+        self._tasks[job.id] = self._loop.create_task(self._run_job(job), name="conveyor-job")
 
     def _job(self, data: dict[str, Any]) -> Job:
         session = self._session
@@ -284,27 +319,40 @@ class Worker:
     # -- one job --------------------------------------------------------------------------
 
     async def _run_job(self, job: Job) -> None:
+        # Only a running handler is ever cancelled (a cancelled push, the shutdown timeout,
+        # a second signal), so this body always runs and always ends in _finished.
         report: tuple[str, dict[str, Any]] | None = None
+        job_id = job.id
         try:
-            with anyio.CancelScope() as scope:
-                self._scopes[job.id] = scope
-                if job.id in self._cancelled:
-                    scope.cancel()
-                report = await self._call_handler(job)
-            self._scopes.pop(job.id, None)
-            if report is not None and job.id not in self._cancelled:
+            if job_id not in self._cancelled and not self._killing:
+                self._running.add(job_id)
+                try:
+                    report = await self._call_handler(job)
+                finally:
+                    self._running.discard(job_id)
+        except asyncio.CancelledError:
+            report = None  # cancelled by the broker or by shutdown: nothing is reported
+        del self._tasks[job_id]  # (one task per job id: a second attempt waits in _again)
+        if report is None or job_id in self._cancelled:
+            self._finished(job)
+        elif report[0] == "ack":
+            self._queue_ack(job)  # _finished once the batch is answered
+        else:
+            try:
                 await self._report(job, *report)
-        finally:
-            self._scopes.pop(job.id, None)
-            cancelled = job.id in self._cancelled
-            self._cancelled.discard(job.id)
-            self._held.pop(job.id, None)
-            again = self._again.pop(job.id, None)
-            if again is not None and not cancelled and self._task_group is not None:
-                self._held[again.id] = again
-                self._task_group.start_soon(self._run_job, again, name="conveyor-job")
-            if not self._held:
-                self._idle.set()
+            finally:
+                self._finished(job)
+
+    def _finished(self, job: Job) -> None:
+        """``job``'s report is answered (or there is none): it is held no more."""
+        cancelled = job.id in self._cancelled
+        self._cancelled.discard(job.id)
+        self._held.pop(job.id, None)
+        again = self._again.pop(job.id, None)
+        if again is not None and not cancelled and not self._killing:
+            self._start(again)
+        if not self._held:
+            self._idle.set()
 
     async def _call_handler(self, job: Job) -> tuple[str, dict[str, Any]]:
         handler = self._handlers[job.queue]
@@ -333,15 +381,18 @@ class Worker:
 
     def _schedule_beat(self, job: Job) -> None:
         """Beat ``job``'s lease about every third of its visibility timeout while it runs."""
-        at = asyncio.get_running_loop().time() + max(0.05, job.visibility_timeout_s / 3)
+        assert self._loop is not None
+        at = self._loop.time() + max(0.05, job.visibility_timeout_s / 3)
         self._beats[job.id] = (at, job)
-        self._beat_wake.set()
+        if at < self._beat_until:  # sooner than the loop would look: wake it
+            self._beat_until = at
+            self._beat_wake.set()
 
     async def _heartbeat_loop(self, session: Session) -> None:
         """Send one ``heartbeat_batch`` for all the running jobs that are due.
 
         One task for the whole worker instead of one per job: a job costs a dict entry
-        here, not a task, a timer and a cancel scope.
+        here, not a task or a timer of its own.
         """
         loop = asyncio.get_running_loop()
         beats = self._beats
@@ -363,9 +414,41 @@ class Worker:
                 continue
             self._beat_wake.clear()
             wait = min(at for at, _ in beats.values()) - now if beats else None
+            self._beat_until = now + wait if wait is not None else float("inf")
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._beat_wake.wait()
+
+    def _queue_ack(self, job: Job) -> None:
+        """Ack ``job`` in this iteration's ``ack_batch`` (the first ack schedules the send)."""
+        assert self._loop is not None
+        if not self._acks:
+            self._loop.call_soon(self._flush_acks)
+        self._acks.append(job)
+
+    def _flush_acks(self) -> None:
+        assert self._loop is not None
+        jobs, self._acks = self._acks, []
+        limit = self._session.hello.get("max_batch", _MAX_BATCH) if self._session else _MAX_BATCH
+        for first in range(0, len(jobs), limit):
+            self._loop.create_task(self._send_acks(jobs[first : first + limit]))
+
+    async def _send_acks(self, jobs: list[Job]) -> None:
+        """One ``ack_batch``; each job is held until it is answered (resent on reconnect)."""
+        session = self._session
+        assert session is not None
+        items = [{"id": job.id, "lease": job.lease} for job in jobs]
+        try:
+            reply = await session.request("ack_batch", {"items": items})
+        except ConveyorError as exc:
+            log.warning("%d ack(s) not delivered: %s", len(jobs), exc)
+        else:
+            for job, landed in zip(jobs, reply["landed"], strict=False):
+                if not landed:
+                    log.warning("job %s: ack did not land (the lease had lapsed)", job.id)
+        finally:
+            for job in jobs:
+                self._finished(job)
 
     async def _report(self, job: Job, op: str, fields: dict[str, Any]) -> None:
         session = self._session

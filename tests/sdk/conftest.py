@@ -108,7 +108,17 @@ class Probe:
         return landed
 
     def handled(self, op: str, job_id: str | None = None) -> list[Handled]:
-        return [h for h in self.log if h.op == op and (job_id is None or h.id == job_id)]
+        """The requests of ``op`` (for ``job_id``) the broker handled, in order. Each entry
+        of an ``ack_batch`` counts as an ``ack`` of its own, with its own ``landed``."""
+        return [h for h in self._expanded() if h.op == op and (job_id is None or h.id == job_id)]
+
+    def _expanded(self) -> Iterator[Handled]:
+        for h in self.log:
+            if h.op != "ack_batch":
+                yield h
+                continue
+            for item, landed in zip(h.fields["items"], h.result["landed"], strict=True):
+                yield Handled("ack", dict(item), {"landed": landed}, h.at)
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = WAIT) -> Any:
         """Return ``predicate()`` once it is truthy, re-checking after each handled request."""

@@ -22,6 +22,26 @@ def make_worker(broker: Broker, queue: str, **kwargs: Any) -> Worker:
     return Worker(broker.url, queues=[queue], **kwargs)
 
 
+async def test_handlers_that_end_together_are_acked_in_one_frame(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    worker = make_worker(broker, "burst", prefetch=20)
+
+    @worker.handler("burst")
+    async def handle(job: Job) -> None:
+        pass
+
+    ids = await client.enqueue_many("burst", list(range(20)))
+    async with running(worker, probe):
+        await probe.count("ack", 20)
+    acks = probe.handled("ack")
+    assert sorted(h.id for h in acks) == sorted(ids)
+    assert all(h.result == {"landed": True} for h in acks)
+    # Twenty jobs pushed together end together: their acks share frames.
+    frames = [h for h in probe.log if h.op in ("ack", "ack_batch")]
+    assert len(frames) < 20 and all(h.op == "ack_batch" for h in frames)
+
+
 async def test_a_handler_that_returns_acks_the_job(
     broker: Broker, client: Client, probe: Probe
 ) -> None:

@@ -459,7 +459,7 @@ async def run_jobs(
                 after_ack()
             else:
                 assert frame.get("ok") is True, frame
-                landed += frame["landed"]
+                landed += sum(frame["landed"])
 
     await asyncio.wait_for(asyncio.gather(publish(), work()), 15)
     return time.perf_counter() - started
