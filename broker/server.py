@@ -29,6 +29,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from sdk._socket import write_joined
 from sdk._wire import (
@@ -131,8 +132,10 @@ class Broker:
 
     def queue(self, name: str, field: str = "queue") -> Queue:
         """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
-        self.check_queue_name(name, field)
-        return self.table.queue(name)
+        try:
+            return self.table.queue(name)
+        except InvalidArgument as exc:
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
 
     def check_queue_name(self, name: str, field: str) -> None:
         """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid queue name."""
@@ -379,8 +382,7 @@ class Connection:
                 await self._wake.wait()
                 self._wake.clear()
                 while outbox:
-                    with anyio.fail_after(bound):
-                        await self._write_some(ws, outbox)
+                    await self._write_some(ws, outbox, bound)
                 self._drained.set()
                 if self._closing:
                     with anyio.fail_after(bound):
@@ -395,21 +397,34 @@ class Connection:
             scope.cancel()  # the reader and the authentication deadline end too
 
     @staticmethod
-    async def _write_some(ws: ServerConnection, outbox: deque[bytes]) -> None:
+    async def _write_some(ws: ServerConnection, outbox: deque[bytes], bound: float) -> None:
         """Frame a batch of queued frames and hand them to the socket in one write.
 
-        One ``send_context`` for the batch (websockets' documented way to write through
-        its protocol object) means one socket write and one drain per batch instead of
-        per frame: with many small replies, that is most of the broker's cost. The batch
-        is bounded so that a slow peer's unsent bytes stay bounded too.
+        This is ``send_context`` (websockets' documented way to write through its protocol
+        object) unrolled for the case that matters: the connection is open and the socket
+        takes the bytes, so nothing is awaited and no timer is armed. Only when the
+        transport pushes back (the peer reads slower than we write) does it wait, for at
+        most ``bound`` seconds (then ``TimeoutError``). A connection that is no longer open
+        takes the documented path, which waits for the close and raises
+        ``ConnectionClosed``. The batch is bounded so that a slow peer's unsent bytes stay
+        bounded too; one write per batch instead of per frame is most of what many small
+        replies cost.
         """
-        async with ws.send_context():
-            protocol = ws.protocol
-            size = 0
-            while outbox and size < _WRITE_BATCH_BYTES:
-                data = outbox.popleft()
-                protocol.send_text(data)
-                size += len(data)
+        protocol = ws.protocol
+        if protocol.state is not State.OPEN or ws.transport.is_closing():
+            with anyio.fail_after(bound):
+                async with ws.send_context():
+                    pass
+            return
+        size = 0
+        while outbox and size < _WRITE_BATCH_BYTES:
+            data = outbox.popleft()
+            protocol.send_text(data)
+            size += len(data)
+        ws.send_data()
+        if ws.paused:
+            with anyio.fail_after(bound):
+                await ws.drain()
 
     # -- receiving ------------------------------------------------------------------------
 

@@ -326,7 +326,9 @@ class Queue:
         id and change nothing. Raises ``InvalidArgument`` (nothing changed) for a bad
         argument; every guard runs before the key is looked at.
         """
-        spec = NewJob(
+        # (The options go to _resolve as they are: building a NewJob first cost as much
+        # as the rest of an enqueue.)
+        resolved = self._resolve(
             payload,
             priority,
             delay_s,
@@ -337,7 +339,6 @@ class Queue:
             backoff_base_s,
             key,
         )
-        resolved = self._resolve(spec)
         return self._insert(resolved, self._table._now())
 
     def enqueue_batch(self, jobs: Sequence[NewJob]) -> list[str]:
@@ -352,22 +353,45 @@ class Queue:
             if not isinstance(spec, NewJob):
                 raise InvalidArgument(f"jobs[{index}]", "must be a NewJob")
             try:
-                resolved.append(self._resolve(spec))
+                resolved.append(
+                    self._resolve(
+                        spec.payload,
+                        spec.priority,
+                        spec.delay_s,
+                        spec.run_at,
+                        spec.expires_s,
+                        spec.visibility_timeout_s,
+                        spec.max_attempts,
+                        spec.backoff_base_s,
+                        spec.key,
+                    )
+                )
             except InvalidArgument as exc:
                 raise exc.within(f"jobs[{index}]") from None
         now = self._table._now()
         return [self._insert(item, now) for item in resolved]
 
-    def _resolve(self, spec: NewJob) -> tuple[Any, ...]:
-        """Check every option of ``spec`` and resolve it against the queue's (no change)."""
+    def _resolve(
+        self,
+        payload: Any,
+        priority: Any,
+        delay_s: Any,
+        run_at: Any,
+        expires_s: Any,
+        visibility_timeout_s: Any,
+        max_attempts: Any,
+        backoff_base_s: Any,
+        key: Any,
+    ) -> tuple[Any, ...]:
+        """Check every option of one job and resolve it against the queue's (no change)."""
         opts = self._opts
-        prio = guard.priority(spec.priority)
-        delay_s = guard.optional(guard.nonneg, "delay_s", spec.delay_s)
-        run_at = guard.optional(guard.finite, "run_at", spec.run_at)
-        expires_s = guard.optional(guard.positive, "expires_s", spec.expires_s)
-        vis = guard.optional(guard.positive, "visibility_timeout_s", spec.visibility_timeout_s)
-        attempts = guard.optional(guard.positive_int, "max_attempts", spec.max_attempts)
-        base = guard.optional(guard.nonneg, "backoff_base_s", spec.backoff_base_s)
+        prio = guard.priority(priority)
+        delay_s = guard.optional(guard.nonneg, "delay_s", delay_s)
+        run_at = guard.optional(guard.finite, "run_at", run_at)
+        expires_s = guard.optional(guard.positive, "expires_s", expires_s)
+        vis = guard.optional(guard.positive, "visibility_timeout_s", visibility_timeout_s)
+        attempts = guard.optional(guard.positive_int, "max_attempts", max_attempts)
+        base = guard.optional(guard.nonneg, "backoff_base_s", backoff_base_s)
         if base is None:
             base = opts.backoff_base_s
         elif base > opts.backoff_max_s:
@@ -375,8 +399,8 @@ class Queue:
                 "backoff_base_s",
                 f"must be <= the queue's backoff_max_s ({opts.backoff_max_s}), got {base}",
             )
-        key = guard.key(spec.key)
-        payload = guard.encode_payload(spec.payload, self._table.max_payload_bytes)
+        key = guard.key(key)
+        payload = guard.encode_payload(payload, self._table.max_payload_bytes)
         if expires_s is None:
             expires_s = opts.expires_s
         return (
@@ -846,6 +870,10 @@ class JobTable:
         With ``opts``, they replace the queue's options for later enqueues (stored jobs
         keep theirs). Raises ``InvalidArgument`` for a bad name or bad options.
         """
+        if opts is None and type(name) is str:
+            queue = self._queues.get(name)
+            if queue is not None:
+                return queue  # a name the table holds passed the check when it was made
         guard.queue_name(name)
         checked = None if opts is None else guard.check_opts(opts)
         queue = self._queues.get(name)
