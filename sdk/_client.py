@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
+import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
@@ -49,10 +51,28 @@ def _options(**options: Any) -> dict[str, Any]:
     return {name: value for name, value in options.items() if value is not None}
 
 
-def _auto_key() -> str:
-    # Made for every enqueue without a key, so that a resend after a lost reply is
-    # stored once (contract: "key"). It shows as the job's key.
-    return "auto-" + uuid.uuid4().hex
+class _AutoKeys:
+    """Keys for enqueues that bring none, so that a resend after a lost reply is stored
+    once (contract: "key"); the key shows as the job's key.
+
+    A random 128-bit prefix per process (made again after a fork) and a counter: unique
+    like a uuid4 per key, at a tenth of the cost, which a busy publisher noticed.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._prefix = ""
+        self._count = itertools.count()
+
+    def __call__(self) -> str:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._prefix = f"auto-{uuid.uuid4().hex}-"
+            self._count = itertools.count()
+        return f"{self._prefix}{next(self._count):x}"
+
+
+_auto_key = _AutoKeys()
 
 
 class Client:

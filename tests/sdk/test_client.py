@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -324,3 +325,23 @@ async def test_concurrent_calls_are_pipelined_on_one_client(client: Client) -> N
     assert len(set(ids)) == 200
     infos = await asyncio.gather(*(client.get_job(i) for i in ids))
     assert [info.payload for info in infos if info is not None] == list(range(200))
+
+
+def test_made_keys_are_unique_and_not_shared_with_a_forked_child() -> None:
+    from sdk._client import _AutoKeys
+
+    keys = _AutoKeys()
+    made = {keys() for _ in range(1000)}
+    assert len(made) == 1000
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its keys must not repeat the parent's
+        os.write(write, keys().encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    os.close(write)
+    child_key = os.read(read, 200).decode()
+    os.close(read)
+    parent_next = keys()
+    assert child_key not in made and child_key != parent_next
+    assert child_key.rsplit("-", 1)[0] != parent_next.rsplit("-", 1)[0]
