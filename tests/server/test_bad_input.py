@@ -22,7 +22,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from broker.ops import HANDLERS
-from broker.server import Broker
+from broker.server import Broker, Connection
 from sdk._wire import OPS, ErrorCode, Field, Kind, Op
 
 from .conftest import WAIT, ClientFactory, RawClient, with_config
@@ -547,3 +547,70 @@ async def test_a_client_that_pipelines_is_slowed_not_dropped(client: ClientFacto
             seen.add(reply["rid"])
     await sender
     assert seen == set(range(n))
+
+
+# --- how frames reach the handler -------------------------------------------------------
+
+
+async def test_a_fragmented_message_is_joined_before_it_is_handled(
+    client: ClientFactory, no_errors_logged: None
+) -> None:
+    conn = await client()
+    # "é" is two bytes in UTF-8; the fragments split it, so only the joined message is text.
+    body = '{"op": "ping", "rid": "é"}'.encode()
+    cut = body.index(b"\xc3") + 1
+    async with conn.ws.send_context():
+        conn.ws.protocol.send_text(body[:cut], fin=False)
+        conn.ws.protocol.send_ping(b"in between")  # control frames may come between
+        conn.ws.protocol.send_continuation(body[cut:-3], fin=False)
+        conn.ws.protocol.send_continuation(body[-3:], fin=True)
+    pong = await conn.reply("é")
+    assert pong["ok"] is True and isinstance(pong["now"], float)
+    # A fragmented binary message is refused whole, like any binary frame.
+    async with conn.ws.send_context():
+        conn.ws.protocol.send_binary(b'{"op": "pi', fin=False)
+        conn.ws.protocol.send_continuation(b'ng", "rid": 2}', fin=True)
+    refused = await conn.recv()
+    assert refused["ok"] is False and refused["error"]["code"] == "bad_frame"
+    assert (await conn.request("ping"))["ok"] is True
+
+
+async def test_invalid_utf8_split_across_fragments_closes_1007(
+    client: ClientFactory, no_errors_logged: None
+) -> None:
+    conn = await client()
+    async with conn.ws.send_context():
+        conn.ws.protocol.send_text(b'{"op": "ping", "rid": "\xc3', fin=False)
+        conn.ws.protocol.send_continuation(b'("}', fin=True)  # \xc3 then "(": not UTF-8
+    assert await conn.closed() == 1007
+
+
+async def test_frames_sent_before_the_connection_is_served_are_handled_in_order(
+    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hold the connection's handling back until the client's requests have surely arrived.
+    release = asyncio.Event()
+    arrived = asyncio.Event()
+    run = Connection.run
+
+    async def late_run(self: Connection) -> None:
+        arrived.set()
+        await release.wait()
+        await run(self)
+
+    monkeypatch.setattr(Connection, "run", late_run)
+    assert broker.server is not None
+    try:
+        conn = await client()
+        for rid in range(5):
+            await conn.send({"op": "ping", "rid": rid})
+        await asyncio.wait_for(arrived.wait(), WAIT)
+        # A handshake on another connection takes several round trips, by which time the
+        # broker has read conn's frames: they wait for conn's handler.
+        other = await client()
+        waiting = sorted(len(ws._early or ()) for ws in broker.server.connections)  # type: ignore[attr-defined]
+        assert waiting == [0, 5]  # conn's five; other sent none
+    finally:
+        release.set()
+    assert (await other.request("ping"))["ok"] is True
+    assert [(await conn.recv())["rid"] for _ in range(5)] == [0, 1, 2, 3, 4]
