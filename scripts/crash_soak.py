@@ -77,6 +77,7 @@ class Settings:
     step_timeout_s: float = 30.0  # the longest any one awaited event may take
     budget_s: float = 540.0
     log: Path | None = None  # the brokers' stderr (appended); default next to the db
+    sync: str = "full"  # the broker's --sync
 
     def redelivery_bound(self, kills: int) -> int:
         """Jobs the workers can hold at one kill (workers x prefetch), times the kills."""
@@ -152,10 +153,13 @@ def _environment() -> dict[str, str]:
 class BrokerProcess:
     """``conveyor serve`` on one port and one database file, started and killed at will."""
 
-    def __init__(self, port: int, db: Path, grace_s: float, log: IO[bytes]) -> None:
+    def __init__(
+        self, port: int, db: Path, grace_s: float, log: IO[bytes], sync: str = "full"
+    ) -> None:
         self.port = port
         self.db = db
         self.grace_s = grace_s
+        self.sync = sync
         self.log = log
         self.proc: asyncio.subprocess.Process | None = None
         self.url = f"ws://127.0.0.1:{port}/ws"
@@ -167,6 +171,7 @@ class BrokerProcess:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "broker", "serve", "--host", "127.0.0.1",
             "--port", str(self.port), "--store", "sqlite", "--db", str(self.db),
+            "--sync", self.sync,
             "--disconnect-grace", str(self.grace_s), "--log-level", "warning",
             cwd=ROOT, env=_environment(), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=self.log,
@@ -344,7 +349,7 @@ async def run(settings: Settings, progress: Callable[[str], None] = lambda s: No
     kills = 0
     leftovers = 0
     with log_path.open("ab") as log:
-        broker = BrokerProcess(free_port(), settings.db, settings.grace_s, log)
+        broker = BrokerProcess(free_port(), settings.db, settings.grace_s, log, settings.sync)
         try:
             await broker.start()
             stop = asyncio.Event()
@@ -507,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--prefetch", type=int, default=8)
     parser.add_argument("--db", type=Path, help="database file (default: a fresh temp dir)")
+    parser.add_argument("--sync", choices=("full", "normal"), default="full")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the SDK's reconnect warnings are expected
 
@@ -520,9 +526,10 @@ def main(argv: list[str] | None = None) -> int:
             prefetch=args.prefetch,
             budget_s=args.budget,
             log=Path(tmp) / "broker.log",
+            sync=args.sync,
         )
         print(
-            f"crash soak: {settings.kills} kills, seed {settings.seed}, "
+            f"crash soak: {settings.kills} kills, seed {settings.seed}, sync {settings.sync}, "
             f"{settings.publishers}x{settings.concurrency} publishers, "
             f"{settings.workers} workers x prefetch {settings.prefetch}",
             flush=True,

@@ -6,9 +6,15 @@ batch survives an OS crash or power loss, not only a killed process. ``sync="nor
 fsyncs only at checkpoints: a killed process loses nothing committed, but an OS crash
 may lose the last batches. It is faster, and weaker, and must be asked for.
 
-All writing happens on one thread of its own, one transaction per batch, so the event
-loop never waits on the disk; the server holds the replies of a batch until ``commit``
-returns. Reading happens once, at ``load``.
+With ``sync="full"`` all writing happens on one thread of its own, one transaction per
+batch, so the event loop never waits on an fsync; the server holds the replies of a batch
+until ``commit`` returns. With ``sync="normal"`` a commit is a write into the WAL, with no
+fsync (tens of microseconds for a batch), so it happens on the caller's thread: handing it
+to a thread and back cost several times the write itself, and had commits queue behind
+each other. The one part of ``normal`` that fsyncs, the checkpoint that copies the WAL
+back into the database, goes to the writer thread with every ``_CHECKPOINT_EVERY``-th
+commit (SQLite's automatic checkpoint would run inside some commit on the event loop and
+stall it for milliseconds). Reading happens once, at ``load``.
 
 Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
 from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
@@ -18,6 +24,7 @@ database, or was made by a newer Conveyor is refused with a ``StoreError``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sqlite3
 import sys
@@ -30,6 +37,8 @@ from ..engine import QUEUE_FIELDS, ROW_FIELDS, Changes, JobTable
 from ._base import StoreError
 
 __all__ = ["SqliteStore"]
+
+log = logging.getLogger("conveyor.store")
 
 # "Conv": marks a database as Conveyor's, so another program's file is never mistaken.
 _APPLICATION_ID = 0x436F6E76
@@ -77,6 +86,9 @@ CREATE TABLE meta (
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
 _MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
 _SWITCH_INTERVAL_S = 0.0005
+# sync="normal": commits per checkpoint. A commit adds a few pages to the WAL, so this
+# keeps the WAL to some MB; each checkpoint delays the frames of one commit by its fsyncs.
+_CHECKPOINT_EVERY = 50
 _VERSION = len(_MIGRATIONS)
 
 _UPSERT_JOB = (
@@ -104,6 +116,10 @@ class SqliteStore:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
         self._lock = threading.Lock()
         self.commits = 0  # transactions written (for metrics)
+        # sync="normal": commits on the caller's thread, checkpoints on the writer's.
+        self.inline = sync == "normal"
+        self._since_checkpoint = 0
+        self.checkpoints = 0  # checkpoints made (for tests)
 
     # -- opening --------------------------------------------------------------------------
 
@@ -131,6 +147,8 @@ class SqliteStore:
             db.execute(f"PRAGMA synchronous={self.sync.upper()}")
             # Bound the WAL file: after a checkpoint it is cut back to this size.
             db.execute("PRAGMA journal_size_limit=67108864")
+            if self.inline:  # checkpoints ride a commit on the writer thread (see commit)
+                db.execute("PRAGMA wal_autocheckpoint=0")
             for step in range(version, _VERSION):
                 db.execute("BEGIN IMMEDIATE")
                 _run_script(db, _MIGRATIONS[step])
@@ -189,9 +207,39 @@ class SqliteStore:
     # -- writing --------------------------------------------------------------------------
 
     async def commit(self, changes: Changes) -> None:
-        """Write one batch in one transaction on the writer thread; return when durable."""
+        """Write one batch in one transaction; return when it is as durable as ``sync``
+        makes it.
+
+        ``full``: on the writer thread, through the fsync. ``normal``: here and now, with
+        no fsync to wait for; every ``_CHECKPOINT_EVERY``-th commit goes to the writer
+        thread instead and checkpoints after it. The commit gate has one commit in flight
+        at a time, so nothing is written while that checkpoint runs: it copies the whole
+        WAL, and the next commit starts the WAL from its beginning again. (A checkpoint
+        beside a stream of commits never catches up, and the WAL grows without end.)
+        """
+        if self.inline:
+            self._since_checkpoint += 1
+            if self._since_checkpoint < _CHECKPOINT_EVERY:
+                self.write(changes)
+                return
+            self._since_checkpoint = 0
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
+            return
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._writer, self.write, changes)
+
+    def _write_and_checkpoint(self, changes: Changes) -> None:
+        self.write(changes)
+        db = self._db
+        assert db is not None
+        with self._lock:
+            try:
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as exc:  # the WAL keeps everything: retried next time
+                log.warning("%s: checkpoint failed (retried later): %s", self.path, exc)
+                return
+        self.checkpoints += 1
 
     def write(self, changes: Changes) -> None:
         """``commit``, on the calling thread (for tools and tests with no event loop)."""

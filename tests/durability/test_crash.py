@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,9 +35,11 @@ def _load_scenario() -> ModuleType:
 crash_soak = _load_scenario()
 
 
-async def test_sigkill_under_load_loses_no_answered_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_sigkill_under_load_loses_no_answered_job(tmp_path: Path, sync: str) -> None:
     settings = crash_soak.Settings(
         db=tmp_path / "x.db",
+        sync=sync,
         kills=6,
         seed=6,
         step_timeout_s=12.0,  # any one awaited event; the whole test stays under a minute
