@@ -7,7 +7,8 @@ temporary file), then
 
 * enqueue: one publisher sends N jobs of ~100 bytes with up to 64 requests in flight,
   each counted when its reply (the broker's durable acceptance) arrives;
-* drain: one worker (prefetch 64) takes and acks all N;
+* drain: one worker (prefetch 64) takes all N, acking each pushed frame's jobs with one
+  ``ack_batch``;
 * flow: the publisher and the worker run at once, N more jobs, until the last ack.
 
 It checks that every job was handled exactly once, and prints jobs/s and the ratio of
@@ -93,15 +94,16 @@ async def work(url: str, queue: str, n: int, seen: set[Any], ready: asyncio.Even
             frame = orjson.loads(raw)
             if frame.get("push") == "jobs":
                 start = start or time.perf_counter()
+                items = []
                 for job in frame["jobs"]:
                     key = (job["payload"][0], job["payload"][1])
                     assert key not in seen, f"handled twice: {key}"
                     seen.add(key)
-                    ack = {"op": "ack", "rid": 1, "id": job["id"], "lease": job["lease"]}
-                    await ws.send(orjson.dumps(ack).decode())
+                    items.append({"id": job["id"], "lease": job["lease"]})
+                await ws.send(orjson.dumps({"op": "ack_batch", "rid": 1, "items": items}).decode())
             elif frame.get("rid") == 1:
-                assert frame["landed"], frame
-                acked += 1
+                assert all(frame["landed"]), frame
+                acked += len(frame["landed"])
                 if acked == n:
                     assert start is not None
                     return time.perf_counter() - start
