@@ -310,8 +310,16 @@ class Dispatcher:
                 waiting[sub] = None
 
     def _push(self, sub: Subscription, handles: list[JobHandle]) -> None:
+        """Send ``handles`` to ``sub`` in ``jobs`` frames of at most half its prefetch.
+
+        A worker that acks each frame as it finishes it (the SDK acks what ended in one
+        loop iteration) then has the other half to work on while the broker takes its
+        acks and refills: with one frame for the whole window, worker and broker took
+        turns, each idle while the other worked (1.5-1.8x the drain rate with half).
+        """
         now = self._clock()
         observe = self.push_latency
+        per_frame = max(1, (sub.prefetch + 1) // 2)
         frame: list[dict[str, Any]] = []
         size = 0
         for handle in handles:
@@ -319,7 +327,7 @@ class Dispatcher:
                 observe(now - handle.ready_since)
             frame.append(pushed_job(handle))
             size += len(handle.payload_json)
-            if size >= _FRAME_PAYLOAD_BUDGET:
+            if size >= _FRAME_PAYLOAD_BUDGET or len(frame) >= per_frame:
                 sub.send(jobs_push(frame))
                 frame, size = [], 0
         if frame:
