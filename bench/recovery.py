@@ -24,6 +24,7 @@ noisy: compare within one run.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -93,9 +94,14 @@ def load_once(path: Path) -> dict[str, float]:
     """Load ``path`` in this (fresh) process: seconds and RSS (run via ``--load``)."""
     before = rss_kib()
     store = SqliteStore(path)
+    # As `conveyor serve` does: no cyclic collection while loading, then the table is
+    # frozen out of the collector (broker/cli.py).
+    gc.disable()
     started = time.perf_counter()
     table = store.load(clock=time.time, rng=random.Random(), max_payload_bytes=1 << 20)
     load_s = time.perf_counter() - started
+    gc.freeze()
+    gc.enable()
     started = time.perf_counter()
     held = table.held_leases()
     leases_s = time.perf_counter() - started

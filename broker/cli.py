@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import logging
 import resource
@@ -68,6 +69,15 @@ def _serve(args: argparse.Namespace) -> int:
         )
 
     def ready(broker: Broker) -> None:
+        # The cyclic collector was off while the store loaded: restoring makes millions
+        # of objects that all live on, and it would have walked the growing table again
+        # and again, finding nothing (about 45% of a 1M-row load). What exists now, the
+        # restored table above all, lives as long as the process or is freed by reference
+        # counting (a job row holds no cycle once deleted), so it is frozen out of the
+        # collector: later full collections do not walk it (each such walk stopped the
+        # broker for ~0.4 s per million jobs).
+        gc.freeze()
+        gc.enable()
         where = f"sqlite {config.db_path}" if config.store == "sqlite" else config.store
         print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
 
@@ -78,6 +88,7 @@ def _serve(args: argparse.Namespace) -> int:
             "conveyor: --loop uvloop: uvloop is not installed (pip install uvloop)", file=sys.stderr
         )
         return 2
+    gc.disable()  # until ready(): see there
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(serve_until_signalled(config, ready))
