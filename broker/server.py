@@ -87,6 +87,7 @@ class Broker:
         )
         config.apply_queue_opts(self.table)
         self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
+        self.dispatcher.split_windows = not self.store.slow_commits
         self.gate: CommitGate | None = None
         if self.store.durable:
             self.gate = CommitGate(

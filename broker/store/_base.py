@@ -25,6 +25,10 @@ class Store(Protocol):
 
     name: str
     durable: bool
+    # Whether a commit waits on the disk (an fsync on another thread): then each commit
+    # is a round trip worth filling, and the dispatcher pushes a worker's whole free
+    # window in one frame (broker/dispatch.py, Dispatcher.split_windows).
+    slow_commits: bool
 
     def load(
         self,

@@ -15,6 +15,7 @@ class MemoryStore:
 
     name = "memory"
     durable = False
+    slow_commits = False
 
     def load(
         self,

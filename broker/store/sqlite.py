@@ -118,6 +118,7 @@ class SqliteStore:
         self.commits = 0  # transactions written (for metrics)
         # sync="normal": commits on the caller's thread, checkpoints on the writer's.
         self.inline = sync == "normal"
+        self.slow_commits = not self.inline
         self._since_checkpoint = 0
         self.checkpoints = 0  # checkpoints made (for tests)
 
