@@ -103,8 +103,10 @@ class Worker:
         self._running: set[str] = set()  # ids whose handler is running now
         self._cancelled: set[str] = set()
         self._killing = False  # a second signal: cancel handlers, start no more
-        # The acks of handlers that ended in this loop iteration, sent together.
+        # The acks of handlers that ended in this loop iteration, sent together, and the
+        # tasks sending earlier ones.
         self._acks: list[Job] = []
+        self._senders: set[asyncio.Task[None]] = set()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -232,9 +234,10 @@ class Worker:
             self._tasks[job_id].cancel()
 
     async def _cancel_jobs(self) -> None:
-        """``run()`` is ending: cancel every job task left and wait for them to end."""
+        """``run()`` is ending: cancel every job task and ack sender left, and wait for
+        them to end."""
         self._killing = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._senders]
         for task in tasks:
             task.cancel()
         if tasks:
@@ -319,29 +322,34 @@ class Worker:
     # -- one job --------------------------------------------------------------------------
 
     async def _run_job(self, job: Job) -> None:
-        # Only a running handler is ever cancelled (a cancelled push, the shutdown timeout,
-        # a second signal), so this body always runs and always ends in _finished.
+        # Only a running handler is ever cancelled by a cancelled push, the shutdown
+        # timeout or a second signal, so this body always runs and ends in _finished.
+        # (run() ending cancels whatever is left, a retry or fail awaiting its reply too.)
         report: tuple[str, dict[str, Any]] | None = None
         job_id = job.id
         try:
-            if job_id not in self._cancelled and not self._killing:
-                self._running.add(job_id)
-                try:
-                    report = await self._call_handler(job)
-                finally:
-                    self._running.discard(job_id)
-        except asyncio.CancelledError:
-            report = None  # cancelled by the broker or by shutdown: nothing is reported
-        del self._tasks[job_id]  # (one task per job id: a second attempt waits in _again)
-        if report is None or job_id in self._cancelled:
-            self._finished(job)
-        elif report[0] == "ack":
-            self._queue_ack(job)  # _finished once the batch is answered
-        else:
             try:
-                await self._report(job, *report)
-            finally:
+                if job_id not in self._cancelled and not self._killing:
+                    self._running.add(job_id)
+                    try:
+                        report = await self._call_handler(job)
+                    finally:
+                        self._running.discard(job_id)
+            except asyncio.CancelledError:
+                report = None  # cancelled by the broker or by shutdown: nothing is reported
+            if report is None or job_id in self._cancelled:
                 self._finished(job)
+            elif report[0] == "ack":
+                self._queue_ack(job)  # _finished once the batch is answered
+            else:
+                try:
+                    await self._report(job, *report)
+                finally:
+                    self._finished(job)
+        finally:
+            # _finished may have started this job's next attempt under the same id.
+            if self._tasks.get(job_id) is asyncio.current_task():
+                del self._tasks[job_id]
 
     def _finished(self, job: Job) -> None:
         """``job``'s report is answered (or there is none): it is held no more."""
@@ -431,7 +439,9 @@ class Worker:
         jobs, self._acks = self._acks, []
         limit = self._session.hello.get("max_batch", _MAX_BATCH) if self._session else _MAX_BATCH
         for first in range(0, len(jobs), limit):
-            self._loop.create_task(self._send_acks(jobs[first : first + limit]))
+            task = self._loop.create_task(self._send_acks(jobs[first : first + limit]))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
 
     async def _send_acks(self, jobs: list[Job]) -> None:
         """One ``ack_batch``; each job is held until it is answered (resent on reconnect)."""

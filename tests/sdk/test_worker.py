@@ -324,6 +324,8 @@ async def test_a_handler_past_the_shutdown_timeout_is_cancelled_and_its_job_laps
         worker.stop()
         await asyncio.wait_for(task, WAIT)
         assert time.monotonic() - stopped_at >= 0.3  # it waited for the handler first
+        # run() returned with nothing of its own left running.
+        assert not [t for t in asyncio.all_tasks() if t.get_name() == "conveyor-job"]
     assert cancelled.is_set()
     assert not [h for op in ("ack", "retry", "fail") for h in probe.handled(op, job_id)]
 
