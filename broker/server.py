@@ -263,12 +263,14 @@ class _Socket(ServerConnection):
     broker's time. Here a text message is checked as UTF-8 (invalid: close 1007, as
     websockets does), a fragmented one is joined first (its size is bounded by the
     parser's ``max_size``), and a binary one is handed over as ``bytes``. Messages that
-    arrive before the handler is attached wait, in order, until it is. Control frames
-    (ping, pong, close) take websockets' path unchanged.
+    arrive before the handler is attached wait, in order, until it is; those that arrive
+    after it is detached (the connection is over) are dropped. Control frames (ping,
+    pong, close) take websockets' path unchanged.
     """
 
     _sink: Callable[[str | bytes], None] | None = None
     _early: list[str | bytes] | None = None
+    _detached = False
     _parts: bytearray | None = None  # a fragmented message being joined
     _parts_text = False
 
@@ -276,8 +278,10 @@ class _Socket(ServerConnection):
         write_joined(self.protocol, self.transport)
 
     def attach(self, sink: Callable[[str | bytes], None] | None) -> None:
-        """Hand every data message, from now on and those already waiting, to ``sink``."""
+        """Hand every data message, from now on and those already waiting, to ``sink``;
+        ``None``: the handler is done, and later messages are dropped, not kept."""
         self._sink = sink
+        self._detached = sink is None
         early, self._early = self._early, None
         if sink is not None and early:
             for message in early:
@@ -319,6 +323,8 @@ class _Socket(ServerConnection):
         sink = self._sink
         if sink is not None:
             sink(message)
+        elif self._detached:
+            return  # a peer still sending after its connection was handled to the end
         elif self._early is None:
             self._early = [message]
         else:

@@ -614,3 +614,24 @@ async def test_frames_sent_before_the_connection_is_served_are_handled_in_order(
         release.set()
     assert (await other.request("ping"))["ok"] is True
     assert [(await conn.recv())["rid"] for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None:
+    from websockets.frames import Frame, Opcode
+
+    from broker.server import _Socket
+
+    sock = object.__new__(_Socket)  # only the message routing, no transport
+    sock.request = object()  # type: ignore[assignment]  # the handshake is over
+    got: list[str | bytes] = []
+    sock.process_event(Frame(Opcode.TEXT, b"one"))
+    sock.process_event(Frame(Opcode.TEXT, b"tw", fin=False))
+    sock.process_event(Frame(Opcode.CONT, b"o"))
+    assert got == []  # no handler yet: they wait
+    sock.attach(got.append)
+    assert got == ["one", "two"]
+    sock.process_event(Frame(Opcode.BINARY, b"three"))
+    assert got == ["one", "two", b"three"]
+    sock.attach(None)  # the handler is done
+    sock.process_event(Frame(Opcode.TEXT, b"four"))
+    assert got == ["one", "two", b"three"] and sock._early is None
