@@ -42,6 +42,29 @@ async def test_handlers_that_end_together_are_acked_in_one_frame(
     assert len(frames) < 20 and all(h.op == "ack_batch" for h in frames)
 
 
+@with_config(max_batch=4)
+async def test_acks_that_end_together_are_split_at_the_brokers_max_batch(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    worker = make_worker(broker, "small", prefetch=10)
+
+    @worker.handler("small")
+    async def handle(job: Job) -> None:
+        pass
+
+    ids = [
+        job_id
+        for i in range(0, 10, 4)
+        for job_id in await client.enqueue_many("small", list(range(i, min(10, i + 4))))
+    ]
+    async with running(worker, probe):
+        await probe.count("ack", 10)
+    assert sorted(h.id for h in probe.handled("ack")) == sorted(ids)
+    assert all(h.result == {"landed": True} for h in probe.handled("ack"))
+    # Never more than the broker's max_batch in one frame (it would refuse the frame).
+    assert all(len(h.fields["items"]) <= 4 for h in probe.log if h.op == "ack_batch")
+
+
 async def test_a_handler_that_returns_acks_the_job(
     broker: Broker, client: Client, probe: Probe
 ) -> None:
