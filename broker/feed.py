@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 
-from .engine import JobTable
+from .engine import JobTable, QueueStats
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
     from .server import Connection
 
-__all__ = ["Feed"]
+__all__ = ["Feed", "queue_info"]
 
 log = logging.getLogger("conveyor.feed")
 
@@ -41,6 +41,26 @@ PREVIEW_CHARS = 200
 # A viewer's snapshots are at least this far apart (a hair under TICK_S, so that timer
 # jitter never makes a viewer skip a regular tick).
 _PACE_S = TICK_S - 0.005
+
+
+def queue_info(stats: QueueStats) -> dict[str, Any]:
+    """A queue's object in a ``stats`` reply and in the dashboard's snapshots."""
+    t = stats.totals
+    return {
+        "ready": stats.ready,
+        "scheduled": stats.scheduled,
+        "processing": stats.processing,
+        "dead": stats.dead,
+        "paused": stats.paused,
+        "totals": {
+            "enqueued": t.enqueued,
+            "completed": t.completed,
+            "retried": t.retried,
+            "dead": t.dead,
+            "expired": t.expired,
+            "cancelled": t.cancelled,
+        },
+    }
 
 
 @dataclass
@@ -187,26 +207,12 @@ class Feed:
                 state.history.append((now, *state.rates))
                 state.at, state.totals = now, totals
             rates = state.rates
-            out[name] = {
-                "ready": stats.ready,
-                "scheduled": stats.scheduled,
-                "processing": stats.processing,
-                "dead": stats.dead,
-                "paused": stats.paused,
-                "totals": {
-                    "enqueued": t.enqueued,
-                    "completed": t.completed,
-                    "retried": t.retried,
-                    "dead": t.dead,
-                    "expired": t.expired,
-                    "cancelled": t.cancelled,
-                },
-                "rates": {
-                    "enqueued": rates[0],
-                    "completed": rates[1],
-                    "retried": rates[2],
-                    "dead": rates[3],
-                },
+            out[name] = queue_info(stats)
+            out[name]["rates"] = {
+                "enqueued": rates[0],
+                "completed": rates[1],
+                "retried": rates[2],
+                "dead": rates[3],
             }
         return out
 

@@ -56,7 +56,7 @@ from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription, wall_clock
 from .engine import InvalidArgument, Queue, check_queue_name
-from .feed import Feed
+from .feed import Feed, queue_info
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .ops import HANDLERS
@@ -137,33 +137,17 @@ class Broker:
         try:
             return self.table.queue(name)
         except InvalidArgument as exc:
-            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
+            raise _bad_name(exc, field) from None
 
     def check_queue_name(self, name: str, field: str) -> None:
         """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid queue name."""
         try:
             check_queue_name(name)
         except InvalidArgument as exc:
-            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field) from None
+            raise _bad_name(exc, field) from None
 
     def queue_stats(self, name: str) -> dict[str, Any]:
-        stats = self.table.queue(name).stats()
-        totals = stats.totals
-        return {
-            "ready": stats.ready,
-            "scheduled": stats.scheduled,
-            "processing": stats.processing,
-            "dead": stats.dead,
-            "paused": stats.paused,
-            "totals": {
-                "enqueued": totals.enqueued,
-                "completed": totals.completed,
-                "retried": totals.retried,
-                "dead": totals.dead,
-                "expired": totals.expired,
-                "cancelled": totals.cancelled,
-            },
-        }
+        return queue_info(self.table.queue(name).stats())
 
     # -- HTTP side of the port ------------------------------------------------------------
 
@@ -215,6 +199,11 @@ class Broker:
         finally:
             self.connections.discard(conn)
             conn.release()
+
+
+def _bad_name(exc: InvalidArgument, field: str) -> WireError:
+    """The engine's refusal of a queue name, as the peer's field ``field`` names it."""
+    return WireError(ErrorCode.INVALID_ARGUMENT, f"{field}: {exc.problem}", field)
 
 
 def _response(
