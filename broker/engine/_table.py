@@ -191,29 +191,17 @@ class JobHandle:
         """The job as the claim left it (state processing), built on first use."""
         job = self._job
         if job is None:
-            row = self._row
             worker_id, ready_at, last_error, died_at = self._was
-            job = self._job = Job(
-                id=self.id,
-                queue=self._queue.name,
-                state=PROCESSING,
-                payload_json=row.payload,
-                priority=row.priority,
-                attempts=self.attempt,
-                max_attempts=row.max_attempts,
-                visibility_timeout_s=row.visibility_timeout_s,
-                backoff_base_s=row.backoff_base_s,
-                backoff_max_s=row.backoff_max_s,
-                enqueued_at=row.enqueued_at,
-                ready_at=ready_at,
-                expires_at=row.expires_at,
-                worker_id=worker_id,
-                deadline=self.deadline,
-                last_error=last_error,
-                died_at=died_at,
-                key=row.key,
-                seq=row.seq,
+            as_claimed = (
+                PROCESSING,
+                self.attempt,
+                worker_id,
+                self.deadline,
+                ready_at,
+                last_error,
+                died_at,
             )
+            job = self._job = self._queue._table._snapshot(self._row, as_claimed)
         return job
 
     def ack(self) -> bool:
@@ -1116,8 +1104,21 @@ class JobTable:
         # the one the table wrote, names a row.
         return self._rows.get(seq) if f"{seq:x}" == digits else None
 
-    def _snapshot(self, row: _Row) -> Job:
-        state = row.state
+    def _snapshot(self, row: _Row, changing: tuple[Any, ...] | None = None) -> Job:
+        """The row as a ``Job``. ``changing``: the values of its changing fields to show
+        instead of the row's (state, attempts, worker_id, deadline, ready_at, last_error,
+        died_at), for a claim's snapshot of a row that may have moved on since."""
+        if changing is None:
+            changing = (
+                row.state,
+                row.attempts,
+                row.worker_id,
+                row.deadline,
+                row.ready_at,
+                row.last_error,
+                row.died_at,
+            )
+        state, attempts, worker_id, deadline, ready_at, last_error, died_at = changing
         assert state is not None
         return Job(
             id=self._format_id(row.seq),
@@ -1125,18 +1126,18 @@ class JobTable:
             state=state,
             payload_json=row.payload,
             priority=row.priority,
-            attempts=row.attempts,
+            attempts=attempts,
             max_attempts=row.max_attempts,
             visibility_timeout_s=row.visibility_timeout_s,
             backoff_base_s=row.backoff_base_s,
             backoff_max_s=row.backoff_max_s,
             enqueued_at=row.enqueued_at,
-            ready_at=row.ready_at,
+            ready_at=ready_at,
             expires_at=row.expires_at,
-            worker_id=row.worker_id,
-            deadline=row.deadline,
-            last_error=row.last_error,
-            died_at=row.died_at,
+            worker_id=worker_id,
+            deadline=deadline,
+            last_error=last_error,
+            died_at=died_at,
             key=row.key,
             seq=row.seq,
         )
