@@ -212,8 +212,7 @@ class Worker:
         if self._stopping and self._task_group is not None:
             log.warning("second signal: stopping at once")
             self._killing = True
-            for job_id in list(self._running):
-                self._tasks[job_id].cancel()
+            self._cancel_running()
             self._task_group.cancel_scope.cancel()
             return
         log.info("stopping: finishing %d running job(s)", len(self._running))
@@ -230,6 +229,10 @@ class Worker:
         with anyio.move_on_after(self.shutdown_timeout_s):
             while self._held:
                 await self._idle.wait()
+        self._cancel_running()
+
+    def _cancel_running(self) -> None:
+        """Cancel every handler still running (their jobs are not reported)."""
         for job_id in list(self._running):
             self._tasks[job_id].cancel()
 
@@ -390,7 +393,7 @@ class Worker:
     def _schedule_beat(self, job: Job) -> None:
         """Beat ``job``'s lease about every third of its visibility timeout while it runs."""
         assert self._loop is not None
-        at = self._loop.time() + max(0.05, job.visibility_timeout_s / 3)
+        at = self._loop.time() + _beat_interval(job)
         self._beats[job.id] = (at, job)
         if at < self._beat_until:  # sooner than the loop would look: wake it
             self._beat_until = at
@@ -409,7 +412,7 @@ class Worker:
             due = [job for at, job in beats.values() if at <= now]
             if due:
                 for job in due:
-                    beats[job.id] = (now + max(0.05, job.visibility_timeout_s / 3), job)
+                    beats[job.id] = (now + _beat_interval(job), job)
                 items = [{"id": job.id, "lease": job.lease} for job in due]
                 try:
                     reply = await session.request("heartbeat_batch", {"items": items})
@@ -471,6 +474,11 @@ class Worker:
             return
         if not reply.get("landed"):
             log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _beat_interval(job: Job) -> float:
+    """Seconds between a running job's heartbeats: a third of its visibility timeout."""
+    return max(0.05, job.visibility_timeout_s / 3)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
