@@ -149,18 +149,8 @@ class Dispatcher:
                 del self._holders[job_id]
             held[lease] = job_id
         sub.in_flight.clear()
-        if not held:
-            return
-        if self.grace_s <= 0:
-            self._lapse(held)
-            return
-        entry = self._orphans.get(sub.worker_id)
-        if entry is not None:
-            entry[1].cancel()
-            held.update(entry[0])
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.grace_s, self._end_grace, sub.worker_id)
-        self._orphans[sub.worker_id] = (held, timer)
+        if held:
+            self._orphan(sub.worker_id, held)
 
     def adopt(self, held: list[tuple[str, str, str]]) -> None:
         """Leases that outlived a restart (``(job id, lease, worker id)``): like a dropped
@@ -169,11 +159,20 @@ class Dispatcher:
         for job_id, lease, worker_id in held:
             by_worker.setdefault(worker_id, {})[lease] = job_id
         for worker_id, leases in by_worker.items():
-            if self.grace_s <= 0:
-                self._lapse(leases)
-                continue
-            timer = asyncio.get_running_loop().call_later(self.grace_s, self._end_grace, worker_id)
-            self._orphans[worker_id] = (leases, timer)
+            self._orphan(worker_id, leases)
+
+    def _orphan(self, worker_id: str, held: dict[str, str]) -> None:
+        """``held`` (lease -> job id) waits the grace for ``worker_id`` to re-attach it,
+        together with what the worker left before, then lapses (at once with no grace)."""
+        if self.grace_s <= 0:
+            self._lapse(held)
+            return
+        entry = self._orphans.get(worker_id)
+        if entry is not None:
+            entry[1].cancel()
+            held.update(entry[0])
+        timer = asyncio.get_running_loop().call_later(self.grace_s, self._end_grace, worker_id)
+        self._orphans[worker_id] = (held, timer)
 
     def drain(self, sub: Subscription) -> int:
         """Push nothing more to ``sub``; the jobs it holds stay held. Returns how many."""
