@@ -218,17 +218,15 @@ class SqliteStore:
         WAL, and the next commit starts the WAL from its beginning again. (A checkpoint
         beside a stream of commits never catches up, and the WAL grows without end.)
         """
+        write = self.write
         if self.inline:
             self._since_checkpoint += 1
             if self._since_checkpoint < _CHECKPOINT_EVERY:
-                self.write(changes)
+                write(changes)
                 return
             self._since_checkpoint = 0
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
-            return
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self.write, changes)
+            write = self._write_and_checkpoint
+        await asyncio.get_running_loop().run_in_executor(self._writer, write, changes)
 
     def _write_and_checkpoint(self, changes: Changes) -> None:
         self.write(changes)
