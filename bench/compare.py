@@ -390,6 +390,13 @@ def raise_nofile() -> None:
 # -- clients, run inside the publisher and worker processes -------------------------------
 
 
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Stop a worker's consuming task, whatever it ends with."""
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+
+
 async def wait_event(event: Any) -> None:
     """Wait for a multiprocessing.Event without blocking the loop (in a thread, in short
     waits, so that this stays cancellable and the process can always exit)."""
@@ -690,9 +697,7 @@ class ConveyorWorker:
                         tally.acked()
 
     async def close(self, task: asyncio.Task[None]) -> None:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        await cancel_and_wait(task)
         await self.ws.close()
 
 
@@ -750,9 +755,7 @@ class RabbitWorker:
         await asyncio.Future()
 
     async def close(self, task: asyncio.Task[None]) -> None:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        await cancel_and_wait(task)
         await self.connection.close()
 
 
@@ -779,9 +782,7 @@ class NatsWorker:
         await asyncio.Future()
 
     async def close(self, task: asyncio.Task[None]) -> None:
-        task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
+        await cancel_and_wait(task)
         await self.nc.close()
 
 
