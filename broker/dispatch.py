@@ -344,7 +344,11 @@ class Dispatcher:
     def _arm_timer(self) -> None:
         """Wake at ``table.next_event_at()``: a job matures, a lease lapses, a row expires."""
         at = self.table.next_event_at()
-        if at == self._timer_at and self._timer is not None:
+        armed = self._timer_at if self._timer is not None else None
+        if armed is not None and (at is None or armed <= at):
+            # The armed timer fires no later than needed. Re-arming on every pass (the
+            # earliest lease end moves with every ack) cost a tenth of a drain; an early
+            # wake only re-checks and arms again.
             return
         if self._timer is not None:
             self._timer.cancel()
