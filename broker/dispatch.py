@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sdk._wire import cancelled_push, jobs_push, pushed_job
@@ -197,6 +197,19 @@ class Dispatcher:
         if self._holders.get(job_id) == (sub, lease):
             del self._holders[job_id]
         self._set_hungry(sub)
+
+    def finished_many(self, sub: Subscription | None, pairs: Iterable[tuple[str, str]]) -> None:
+        """``finished`` for each ``(job_id, lease)`` a connection answered for at once."""
+        in_flight = sub.in_flight if sub is not None else None
+        holders = self._holders
+        for job_id, lease in pairs:
+            if in_flight is not None and in_flight.pop(lease, None) is not None:
+                if holders.get(job_id) == (sub, lease):
+                    del holders[job_id]
+            else:
+                self.finished(sub, job_id, lease)
+        if sub is not None:
+            self._set_hungry(sub)
 
     def cancelled(self, job_id: str) -> None:
         """The job was cancelled: tell its holder (if any) and free the holder's slot."""

@@ -196,12 +196,9 @@ def heartbeat(conn: Connection, f: dict[str, Any]) -> Result:
 
 
 def ack_batch(conn: Connection, f: dict[str, Any]) -> Result:
-    ack = conn.broker.table.ack
-    landed = []
-    for item in f["items"]:
-        job_id, lease = item["id"], item["lease"]
-        landed.append(ack(job_id, lease))
-        _finish(conn, job_id, lease)
+    pairs = [(item["id"], item["lease"]) for item in f["items"]]
+    landed = conn.broker.table.ack_many(pairs)
+    conn.broker.dispatcher.finished_many(conn.subscription, pairs)
     return {"landed": landed}
 
 

@@ -452,9 +452,18 @@ class Field:
     # OBJECTS: the fields of each entry.
     items: tuple[Field, ...] = ()
     item_names: frozenset[str] = field(init=False, repr=False, compare=False)
+    # OBJECTS whose entries are exactly two required strings (``{id, lease}``): their
+    # names, for a shorter check of the batches every worker sends (acks, heartbeats).
+    string_pair: tuple[str, str] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "item_names", frozenset(f.name for f in self.items))
+        pair = None
+        if len(self.items) == 2 and all(
+            f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items
+        ):
+            pair = (self.items[0].name, self.items[1].name)
+        object.__setattr__(self, "string_pair", pair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -710,6 +719,17 @@ def _fast_object(
                 if f.unique and len(set(value)) != len(value):
                     raise _Explain
                 value = list(value)
+            elif f.string_pair is not None:
+                a, b = f.string_pair
+                for item in value:
+                    if (
+                        type(item) is not dict
+                        or len(item) != 2
+                        or type(item.get(a)) is not str
+                        or type(item.get(b)) is not str
+                    ):
+                        raise _Explain
+                value = list(value)  # the entries are exactly {a, b}, checked: kept as they are
             else:
                 names, items = f.item_names, f.items
                 checked = []

@@ -206,7 +206,7 @@ class JobHandle:
 
     def ack(self) -> bool:
         """The job is done: it is deleted."""
-        return self._queue._ack(self._row, self.lease)
+        return self._queue._ack(self._row, self.lease, self._queue._table._now())
 
     def retry(self, error: str | None = None, delay_s: float | None = None) -> bool:
         """Back to pending after ``delay_s`` (or the backoff curve), or dead if used up."""
@@ -512,8 +512,7 @@ class Queue:
             and now < row.deadline
         )
 
-    def _ack(self, row: _Row, lease: str) -> bool:
-        now = self._table._now()
+    def _ack(self, row: _Row, lease: str, now: float) -> bool:
         if not self._valid(row, lease, now):
             return False
         self._delete(row)
@@ -580,9 +579,10 @@ class Queue:
     def ack_batch(self, items: Iterable[tuple[str, str]]) -> int:
         """Ack each ``(job_id, lease)`` on its own; return how many landed."""
         landed = 0
+        now = self._table._now()
         for job_id, lease in items:
             row = self._row(job_id)
-            if row is not None and self._ack(row, lease):
+            if row is not None and self._ack(row, lease, now):
                 landed += 1
         return landed
 
@@ -897,7 +897,18 @@ class JobTable:
 
     def ack(self, job_id: str, lease: str) -> bool:
         row = self._lookup(job_id)
-        return row is not None and row.queue._ack(row, lease)
+        return row is not None and row.queue._ack(row, lease, self._now())
+
+    def ack_many(self, pairs: Iterable[tuple[str, str]]) -> list[bool]:
+        """``ack`` for each ``(job_id, lease)``, in order, all at one instant: the clock is
+        read once for the batch. Returns whether each landed."""
+        now = self._now()
+        lookup = self._lookup
+        landed = []
+        for job_id, lease in pairs:
+            row = lookup(job_id)
+            landed.append(row is not None and row.queue._ack(row, lease, now))
+        return landed
 
     def retry(
         self, job_id: str, lease: str, error: str | None = None, delay_s: float | None = None

@@ -392,3 +392,34 @@ def test_table_ops_by_id_match_the_handle(table: JobTable) -> None:
     assert snapshot(table, ids[1]).state == JobState.PENDING
     assert snapshot(table, ids[1]).last_error == "e"
     assert snapshot(table, ids[2]).last_error == "f"
+
+
+def test_table_ack_many_answers_each_entry_in_order(table: JobTable, clock: ManualClock) -> None:
+    q = table.queue("q", QueueOpts(visibility_timeout_s=10))
+    other = table.queue("other")
+    for x in "ab":
+        q.enqueue(x)
+    q.enqueue("short", visibility_timeout_s=5)
+    hs = {h.job.payload: h for h in q.claim_batch("w", 3)}
+    other.enqueue("f")
+    hf = other.claim_one("w")
+    assert hf is not None
+    clock.set(START + 5)  # "short" lapses exactly now: the batch is judged at this instant
+    a, b, short = hs["a"], hs["b"], hs["short"]
+    landed = table.ack_many(
+        [
+            (a.id, a.lease),
+            (a.id, a.lease),  # the same entry again: already gone
+            (b.id, a.lease),  # another job's lease
+            (short.id, short.lease),  # lapsed
+            ("no-such-job", b.lease),
+            (hf.id, hf.lease),  # another queue's job: the table acks it
+            (b.id, b.lease),
+        ]
+    )
+    assert landed == [True, False, False, False, False, True, True]
+    assert table.get_job(a.id) is None and table.get_job(b.id) is None
+    assert table.get_job(hf.id) is None
+    assert table.get_job(short.id).state == JobState.PROCESSING  # type: ignore[union-attr]
+    assert q.stats().totals.completed == 2
+    assert table.ack_many([]) == []
