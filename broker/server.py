@@ -19,6 +19,7 @@ import logging
 import random
 import signal
 import ssl
+import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
@@ -69,6 +70,11 @@ log = logging.getLogger("conveyor")
 
 # Frames handed to the socket in one write, at most (see Connection._write_some).
 _WRITE_BATCH_BYTES = 256 * 1024
+
+# A server's text frame header: FIN + opcode 1, then the length in 7, 7+16 or 7+64 bits.
+_HEAD7 = struct.Struct("!BB")
+_HEAD16 = struct.Struct("!BBH")
+_HEAD64 = struct.Struct("!BBQ")
 
 # Errors that count toward closing a peer that keeps sending garbage.
 _GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
@@ -259,12 +265,39 @@ class _Socket(ServerConnection):
 
     _sink: Callable[[str | bytes], None] | None = None
     _early: list[str | bytes] | None = None
+    _held: deque[str | bytes] | None = None  # messages read while the handler is paused
     _detached = False
     _parts: bytearray | None = None  # a fragmented message being joined
     _parts_text = False
 
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
+
+    def write_text_frames(self, outbox: deque[bytes], limit: int) -> None:
+        """Frame texts from the left of ``outbox`` (about ``limit`` bytes of them, at least
+        one) and write them in one piece. Call only while the connection is open.
+
+        The framing is RFC 6455's for a server's unfragmented, unmasked text frame, done
+        here because websockets' ``send_text`` builds a ``Frame`` object, checks it and
+        packs it, which cost more than the frame's JSON. Anything websockets itself
+        queued (a pong) is written first, so frames stay in the order they were made.
+        """
+        if self.protocol.writes:
+            self.send_data()
+        parts: list[bytes] = []
+        size = 0
+        while outbox and size < limit:
+            data = outbox.popleft()
+            n = len(data)
+            if n < 126:
+                parts.append(_HEAD7.pack(0x81, n))
+            elif n < 65536:
+                parts.append(_HEAD16.pack(0x81, 126, n))
+            else:
+                parts.append(_HEAD64.pack(0x81, 127, n))
+            parts.append(data)
+            size += n
+        self.transport.write(b"".join(parts))
 
     def attach(self, sink: Callable[[str | bytes], None] | None) -> None:
         """Hand every data message, from now on and those already waiting, to ``sink``;
@@ -275,6 +308,30 @@ class _Socket(ServerConnection):
         if sink is not None and early:
             for message in early:
                 sink(message)
+
+    def hold(self) -> None:
+        """Stop reading, and keep the messages already read but not yet handed over (the
+        rest of the bytes in hand) until ``release()``: the handler wants no more now."""
+        if self._held is None:
+            self._held = deque()
+            self.transport.pause_reading()
+
+    def release(self) -> None:
+        """Hand over the messages kept by ``hold()``, then read again; if the handler
+        holds again meanwhile, the rest stays kept."""
+        held = self._held
+        if held is None:
+            return
+        self._held = None
+        while held:
+            message = held.popleft()
+            if self._sink is not None:
+                self._sink(message)
+            if self._held is not None:  # held again by that message
+                held.extend(self._held)
+                self._held = held
+                return
+        self.transport.resume_reading()
 
     def process_event(self, event: Event) -> None:
         if self.request is None or not isinstance(event, Frame):
@@ -310,7 +367,9 @@ class _Socket(ServerConnection):
         else:
             message = bytes(data)
         sink = self._sink
-        if sink is not None:
+        if self._held is not None and not self._detached:
+            self._held.append(message)
+        elif sink is not None:
             sink(message)
         elif self._detached:
             return  # a peer still sending after its connection was handled to the end
@@ -332,6 +391,8 @@ class Connection:
         self.subscription: Subscription | None = None
         self._outbox: deque[bytes] = deque()
         self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._flush_soon = False
         self._bad_in_a_row = 0
         self._closing = False
         self.connected_at = broker.clock()
@@ -421,10 +482,40 @@ class Connection:
         if self._closing:
             return
         self._outbox.append(data)
-        self._wake.set()
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self._flush)
         if len(self._outbox) > self.broker.config.max_outbox_frames:
             self._outbox.clear()
             self.close_soon(CLOSE_POLICY_VIOLATION, "too slow: not reading its frames")
+
+    def _flush(self) -> None:
+        """Write the outbox, once per loop iteration however many frames were queued in it.
+
+        This is the path while the socket takes every byte: no task switch, no await.
+        When it pushes back (a peer reading slower than we write), or the connection is
+        closing or no longer open, the writer task takes over: it waits for the socket,
+        at most ``ping_timeout_s``, and closes.
+        """
+        self._flush_soon = False
+        ws = self.ws
+        assert isinstance(ws, _Socket)
+        outbox = self._outbox
+        while outbox:
+            if (
+                self._closing
+                or ws.paused
+                or ws.protocol.state is not State.OPEN
+                or ws.transport.is_closing()
+            ):
+                self._wake.set()
+                return
+            ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
+        if ws.paused:
+            self._wake.set()  # the writer task watches the socket drain
+        elif self._paused_reading:
+            self._paused_reading = False
+            ws.release()
 
     def close_soon(self, code: int, reason: str) -> None:
         """Close after the frames already queued (the reader notices and ends)."""
@@ -448,9 +539,13 @@ class Connection:
                 self._wake.clear()
                 while outbox:
                     await self._write_some(ws, outbox, bound)
+                if ws.paused:
+                    with anyio.fail_after(bound):
+                        await ws.drain()
                 if self._paused_reading:
                     self._paused_reading = False
-                    ws.transport.resume_reading()
+                    assert isinstance(ws, _Socket)
+                    ws.release()
                 if self._closing:
                     with anyio.fail_after(bound):
                         await ws.close(self._close_code, self._close_reason)
@@ -483,12 +578,8 @@ class Connection:
                 async with ws.send_context():
                     pass
             return
-        size = 0
-        while outbox and size < _WRITE_BATCH_BYTES:
-            data = outbox.popleft()
-            protocol.send_text(data)
-            size += len(data)
-        ws.send_data()
+        assert isinstance(ws, _Socket)
+        ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
         if ws.paused:
             with anyio.fail_after(bound):
                 await ws.drain()
@@ -520,10 +611,14 @@ class Connection:
             return  # the writer sends what is queued and closes; nothing more is read
         self.handle_frame(message)
         # Replies waiting beyond this stop the reading until they are written, so a peer
-        # that pipelines requests is slowed by TCP flow control, not dropped as slow.
+        # that pipelines requests is slowed by TCP flow control, not dropped as slow. The
+        # requests already read (one read can hold thousands) wait too: handled now, their
+        # replies alone could overflow the outbox.
         if len(self._outbox) >= self._high_water and not self._paused_reading:
             self._paused_reading = True
-            self.ws.transport.pause_reading()
+            ws = self.ws
+            assert isinstance(ws, _Socket)
+            ws.hold()
 
     async def _auth_deadline(self) -> None:
         await anyio.sleep(self.broker.config.handshake_timeout_s)

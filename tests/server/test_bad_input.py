@@ -549,6 +549,27 @@ async def test_a_client_that_pipelines_is_slowed_not_dropped(client: ClientFacto
     assert seen == set(range(n))
 
 
+@with_config(max_outbox_frames=64)
+async def test_requests_read_in_one_piece_wait_while_replies_are_behind(
+    client: ClientFactory,
+) -> None:
+    # 1,000 requests in one write: the broker reads them at once, far more than its outbox
+    # (64 frames) holds. Reading pauses at half of that, and the requests already read
+    # wait with it, so the peer gets every reply instead of a "too slow" close.
+    conn = await client()
+    n = 1000
+    async with conn.ws.send_context():
+        for i in range(n):
+            conn.ws.protocol.send_text(orjson.dumps({"op": "ping", "rid": i}))
+    seen = []
+    async with asyncio.timeout(20):
+        while len(seen) < n:
+            reply = await conn.recv()
+            assert reply["ok"] is True, reply
+            seen.append(reply["rid"])
+    assert seen == list(range(n))  # in order, each once
+
+
 # --- how frames reach the handler -------------------------------------------------------
 
 
