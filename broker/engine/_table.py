@@ -816,6 +816,9 @@ class Queue:
         row.lease = None
 
 
+_HEX_DIGITS = "0123456789abcdef"
+
+
 class JobTable:
     """The in-memory job table (contract: "The job contract").
 
@@ -1105,15 +1108,14 @@ class JobTable:
         if not isinstance(job_id, str) or not job_id.startswith(self.id_prefix):
             return None
         digits = job_id[len(self.id_prefix) :]
-        if not 0 < len(digits) <= 32:  # a 128-bit sequence is more than any table reaches
+        # Only the canonical form, the one the table wrote, names a row: lowercase hex
+        # digits with no leading zero (int() would also take "+1f", " 1f", "1_f", "0x1f",
+        # "01f" and "1F"). At most 32 digits: a 128-bit sequence is more than any table
+        # reaches. (Checked this way, not by formatting the number back and comparing,
+        # which was a tenth of an ack.)
+        if not 0 < len(digits) <= 32 or digits[0] == "0" or digits.strip(_HEX_DIGITS):
             return None
-        try:
-            seq = int(digits, 16)
-        except ValueError:
-            return None
-        # int() also takes "+1f", " 1f", "1_f", "0x1f" and "01f": only the canonical form,
-        # the one the table wrote, names a row.
-        return self._rows.get(seq) if f"{seq:x}" == digits else None
+        return self._rows.get(int(digits, 16))
 
     def _snapshot(self, row: _Row, changing: tuple[Any, ...] | None = None) -> Job:
         """The row as a ``Job``. ``changing``: the values of its changing fields to show

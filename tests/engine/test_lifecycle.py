@@ -486,3 +486,18 @@ def test_next_event_at_due_for_used_up_lapsed_lease(table: JobTable, clock: Manu
     assert due <= START + 12  # the used-up row waits for a sweep that is due now
     assert sweep(q) == (0, 1, 0)
     assert table.next_event_at() is None
+
+
+def test_only_the_id_as_written_names_the_job(table: JobTable) -> None:
+    q = table.queue("q")
+    for n in range(0x1E):
+        q.enqueue(n)
+    job_id = q.enqueue("this one")
+    assert job_id == "t1f"  # the table's prefix is "t": prefix + lowercase hex of the seq
+    assert table.get_job(job_id) is not None
+    # Spellings int(x, 16) would read as the same number name nothing, nor does junk.
+    for other in ["t01f", "t1F", "t+1f", "t 1f", "t1f ", "t1_f", "t0x1f", "t", "1f", "T1f",
+                  "t\uff11f", "t" + "f" * 33, "t-1f", "t0"]:  # fmt: skip
+        assert table.get_job(other) is None, other
+        assert table.cancel(other) is False, other
+    assert table.get_job(job_id) is not None
