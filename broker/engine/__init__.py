@@ -13,12 +13,21 @@ Exceptions::
 
 from ._errors import InvalidArgument, PayloadTooLarge
 from ._guards import queue_name as check_queue_name
-from ._table import QUEUE_FIELDS, ROW_FIELDS, Changes, JobHandle, JobTable, Queue
+from ._table import (
+    QUEUE_FIELDS,
+    ROW_FIELDS,
+    UPDATE_FIELDS,
+    Changes,
+    JobHandle,
+    JobTable,
+    Queue,
+)
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
 __all__ = [
     "QUEUE_FIELDS",
     "ROW_FIELDS",
+    "UPDATE_FIELDS",
     "Changes",
     "InvalidArgument",
     "Job",

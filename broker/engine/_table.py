@@ -432,6 +432,8 @@ class Queue:
             key,
         )
         table._rows[seq] = row
+        if table._journal is not None:
+            table._journal_new.add(seq)
         if key is not None:
             self._keys[key] = row
         if row.expires_at is not None:
@@ -851,6 +853,8 @@ class JobTable:
         self._leases_issued = 0
         # Rows and queues changed since the last take_changes(), when a store listens.
         self._journal: dict[int, _Row] | None = None
+        # Rows enqueued since the last take_changes(): a store has never seen them.
+        self._journal_new: set[int] = set()
         self._journal_queues: set[Queue] = set()
 
     # -- queues ---------------------------------------------------------------------------
@@ -980,24 +984,35 @@ class JobTable:
     def take_changes(self) -> Changes:
         """What changed since the last call, as plain tuples a store can write as they are.
 
-        Rows come as ``ROW_FIELDS`` tuples (upserts) or as the seq of a deleted row; each
-        changed queue as ``QUEUE_FIELDS``. Call it on the thread that uses the table: the
-        tuples are snapshots, safe to hand to another thread afterwards.
+        A row enqueued since the last call comes whole, as a ``ROW_FIELDS`` tuple
+        (``upserts``); a row the store already holds comes as an ``UPDATE_FIELDS`` tuple
+        (``updates``: only the fields a row's life changes, not its payload); a deleted
+        row as its seq (``deleted``; a row enqueued and deleted since the last call comes
+        not at all). Each changed queue comes as ``QUEUE_FIELDS``. Call it on the thread
+        that uses the table: the tuples are snapshots, safe to hand to another thread
+        afterwards.
         """
         journal = self._journal
         if journal is None:
             raise RuntimeError("take_changes() needs start_journal() first")
+        new = self._journal_new
         upserts = []
+        updates = []
         deleted = []
         for seq, row in journal.items():
             if row.state is None:
-                deleted.append(seq)
-            else:
+                if seq not in new:
+                    deleted.append(seq)
+            elif seq in new:
                 upserts.append(_row_tuple(row))
+            else:
+                updates.append(_update_tuple(row))
         queues = [_queue_tuple(queue) for queue in self._journal_queues]
         self._journal = {}
+        self._journal_new = set()
         self._journal_queues = set()
-        return Changes(upserts, deleted, queues, (self.id_prefix, self._seq, self._leases_issued))
+        meta = (self.id_prefix, self._seq, self._leases_issued)
+        return Changes(upserts, deleted, queues, meta, updates)
 
     def held_leases(self) -> list[tuple[str, str, str]]:
         """``(job id, lease, worker id)`` of every job under a valid lease now, in no order.
@@ -1179,6 +1194,20 @@ ROW_FIELDS = (
     "key",
 )
 
+#: The order of an update tuple: the fields a stored row's life changes, then its seq.
+#: Every other field is fixed at enqueue (a test pins this list against the transitions).
+UPDATE_FIELDS = (
+    "state",
+    "attempts",
+    "ready_at",
+    "worker_id",
+    "deadline",
+    "lease",
+    "last_error",
+    "died_at",
+    "seq",
+)
+
 #: The order of a queue tuple: its name, whether paused, and its running totals.
 QUEUE_FIELDS = (
     "name",
@@ -1199,6 +1228,7 @@ class Changes(NamedTuple):
     deleted: list[int]  # seqs
     queues: list[tuple[Any, ...]]  # QUEUE_FIELDS tuples
     meta: tuple[str, int, int]  # id_prefix, last seq, leases issued
+    updates: list[tuple[Any, ...]]  # UPDATE_FIELDS tuples
 
 
 def _row_tuple(row: _Row) -> tuple[Any, ...]:
@@ -1224,6 +1254,22 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
         row.last_error,
         row.died_at,
         row.key,
+    )
+
+
+def _update_tuple(row: _Row) -> tuple[Any, ...]:
+    state = row.state
+    assert state is not None
+    return (
+        state.value,
+        row.attempts,
+        row.ready_at,
+        row.worker_id,
+        row.deadline,
+        row.lease,
+        row.last_error,
+        row.died_at,
+        row.seq,
     )
 
 

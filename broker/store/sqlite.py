@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..engine import QUEUE_FIELDS, ROW_FIELDS, Changes, JobTable
+from ..engine import QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
 
 __all__ = ["SqliteStore"]
@@ -94,6 +94,10 @@ _VERSION = len(_MIGRATIONS)
 _UPSERT_JOB = (
     f"INSERT OR REPLACE INTO jobs ({', '.join(ROW_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in ROW_FIELDS)})"
+)
+# A stored row's changing fields only: a claim or an ack does not rewrite the payload.
+_UPDATE_JOB = (
+    f"UPDATE jobs SET {', '.join(f'{name} = ?' for name in UPDATE_FIELDS[:-1])} WHERE seq = ?"
 )
 _UPSERT_QUEUE = (
     f"INSERT OR REPLACE INTO queues ({', '.join(QUEUE_FIELDS)}) "
@@ -250,6 +254,8 @@ class SqliteStore:
                 db.execute("BEGIN")
                 if changes.upserts:
                     db.executemany(_UPSERT_JOB, changes.upserts)
+                if changes.updates:
+                    db.executemany(_UPDATE_JOB, changes.updates)
                 if changes.deleted:
                     db.executemany(
                         "DELETE FROM jobs WHERE seq = ?", [(s,) for s in changes.deleted]

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.engine import InvalidArgument, JobHandle, JobState, JobTable, QueueOpts
+from broker.engine import (
+    ROW_FIELDS,
+    UPDATE_FIELDS,
+    InvalidArgument,
+    JobHandle,
+    JobState,
+    JobTable,
+    QueueOpts,
+)
 
 if TYPE_CHECKING:
     from conftest import ManualClock
@@ -423,3 +432,35 @@ def test_table_ack_many_answers_each_entry_in_order(table: JobTable, clock: Manu
     assert table.get_job(short.id).state == JobState.PROCESSING  # type: ignore[union-attr]
     assert q.stats().totals.completed == 2
     assert table.ack_many([]) == []
+
+
+def test_take_changes_sends_a_stored_row_only_its_changing_fields(clock: ManualClock) -> None:
+    table = JobTable(clock=clock, rng=random.Random(1), id_prefix="t")
+    table.start_journal()
+    q = table.queue("q")
+    gone = q.enqueue("short-lived")
+    kept = q.enqueue({"big": "x" * 100})
+    h = q.claim_one("w")
+    assert h is not None and h.id == gone and h.ack()
+    first = table.take_changes()
+    # New rows come whole; one enqueued and acked in the same batch does not come at all.
+    assert [row[ROW_FIELDS.index("seq")] for row in first.upserts] == [2]
+    assert first.deleted == [] and first.updates == []
+    h = q.claim_one("w")
+    assert h is not None and h.id == kept
+    second = table.take_changes()
+    assert second.upserts == [] and second.deleted == []
+    [update] = second.updates
+    assert dict(zip(UPDATE_FIELDS, update, strict=True)) == {
+        "state": "processing",
+        "attempts": 1,
+        "ready_at": START,
+        "worker_id": "w",
+        "deadline": h.deadline,
+        "lease": h.lease,
+        "last_error": None,
+        "died_at": None,
+        "seq": 2,
+    }
+    assert h.ack()
+    assert table.take_changes().deleted == [2]
