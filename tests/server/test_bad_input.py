@@ -637,6 +637,97 @@ async def test_frames_sent_before_the_connection_is_served_are_handled_in_order(
     assert [(await conn.recv())["rid"] for _ in range(5)] == [0, 1, 2, 3, 4]
 
 
+def masked_frame(opcode: int, payload: bytes, *, fin: bool = True) -> bytes:
+    """A client's frame as RFC 6455 lays it out (7-, 16- or 64-bit length, masked)."""
+    mask = b"\x37\xfa\x21\x3d"
+    n = len(payload)
+    head = bytes([(0x80 if fin else 0) | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return head + mask + body
+
+
+def ping_request(rid: str, pad: int = 0) -> bytes:
+    """A ping request, made ``pad`` bytes longer with JSON whitespace."""
+    return orjson.dumps({"op": "ping", "rid": rid})[:-1] + b" " * pad + b"}"
+
+
+async def test_a_frame_cut_anywhere_between_two_reads_is_joined(
+    client: ClientFactory, no_errors_logged: None
+) -> None:
+    # The first piece rides one write with a whole request; its reply shows the broker
+    # has read that write (so the cut really falls between two reads); then the rest.
+    conn = await client()
+    transport = conn.ws.transport
+    for size in (0, 200, 70_000):  # 7-, 16- and 64-bit lengths
+        frame = masked_frame(0x1, ping_request(f"r{size}", size))
+        header = {0: 6, 200: 8, 70_000: 14}[size]
+        for cut in sorted({1, 2, 3, header - 4, header - 1, header, header + 1, len(frame) - 1}):
+            transport.write(masked_frame(0x1, ping_request(f"before{size}.{cut}")) + frame[:cut])
+            assert (await conn.recv())["rid"] == f"before{size}.{cut}"
+            transport.write(frame[cut:])
+            reply = await conn.recv()
+            assert (reply["rid"], reply["ok"]) == (f"r{size}", True), (size, cut, reply)
+
+
+async def test_frames_of_every_kind_in_one_read_are_handled_in_order(
+    client: ClientFactory, no_errors_logged: None
+) -> None:
+    conn = await client()
+    text = '{"op": "ping", "rid": "frag-é"}'.encode()
+    stream = b"".join(
+        [
+            masked_frame(0x1, ping_request("a")),
+            masked_frame(0x9, b"are you there"),  # a ping: websockets answers it
+            masked_frame(0x1, ping_request("b", 300)),
+            masked_frame(0x1, text[:20], fin=False),  # a fragmented message
+            masked_frame(0xA, b"unasked pong"),
+            masked_frame(0x0, text[20:], fin=True),
+            masked_frame(0x2, ping_request("binary")),  # refused: binary
+            masked_frame(0x1, ping_request("c")),
+            masked_frame(0x1, ping_request("d", 70_000)),
+            masked_frame(0x1, ping_request("e")),
+        ]
+    )
+    conn.ws.transport.write(stream)
+    replies = [await conn.recv() for _ in range(7)]
+    assert [r.get("rid") for r in replies] == ["a", "b", "frag-é", None, "c", "d", "e"]
+    assert replies[3]["error"]["code"] == "bad_frame"
+    assert (await conn.request("ping"))["ok"] is True
+
+
+@with_config(max_frame_bytes=1000)
+async def test_an_oversized_frame_after_good_ones_in_one_read_closes_1009(
+    client: ClientFactory,
+) -> None:
+    conn = await client()
+    conn.ws.transport.write(
+        masked_frame(0x1, ping_request("ok")) + masked_frame(0x1, ping_request("big", 2000))
+    )
+    # (The close frame goes out at once; the reply to "ok", queued for the end of the
+    # loop iteration, may not make it before it.)
+    assert await conn.closed() == 1009
+
+
+async def test_invalid_utf8_after_good_frames_in_one_read_closes_1007(
+    broker: Broker, client: ClientFactory, no_errors_logged: None
+) -> None:
+    conn = await client()
+    conn.ws.transport.write(
+        masked_frame(0x1, orjson.dumps({"op": "enqueue", "rid": 1, "queue": "q", "payload": 1}))
+        + masked_frame(0x1, b'{"op": "ping", "rid": "\xc3("}')
+        + masked_frame(0x1, orjson.dumps({"op": "enqueue", "rid": 2, "queue": "q", "payload": 2}))
+    )
+    assert await conn.closed() == 1007
+    # The frame before the bad one was handled; the one after it was not.
+    assert broker.table.queue("q").stats().ready == 1
+
+
 def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None:
     from websockets.frames import Frame, Opcode
 
