@@ -1463,7 +1463,40 @@ def load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} (other work on the machine)"
 
 
+def busy_cores(window: float = 0.25) -> float:
+    """Cores in use over ``window`` seconds, whoever uses them (``/proc/stat``)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        return sum(values) - idle, idle
+
+    busy0, idle0 = sample()
+    time.sleep(window)
+    busy1, idle1 = sample()
+    total = (busy1 - busy0) + (idle1 - idle0)
+    return (os.cpu_count() or 1) * (busy1 - busy0) / total if total else 0.0
+
+
+def settle(limit: float = 15.0, quiet: float = 0.3) -> None:
+    """Wait (at most ``limit`` s) until fewer than ``quiet`` cores are busy, so that no
+    measurement starts while the one before it is still being cleaned up after (RabbitMQ
+    deleting a queue of persistent messages, say). Every system gets the same wait."""
+    if not os.path.exists("/proc/stat"):
+        return
+    start = time.monotonic()
+    while (cores := busy_cores()) >= quiet:
+        if time.monotonic() - start > limit:
+            say(f"  (the machine stayed busy: {cores:.1f} cores in use; measuring anyway)")
+            return
+    waited = time.monotonic() - start
+    if waited > 1.0:
+        say(f"  (waited {waited:.1f} s for the machine to settle)")
+
+
 def timed_round(label: str, fn: Callable[[], Any]) -> Any:
+    settle()
     start = time.monotonic()
     try:
         value = fn()
