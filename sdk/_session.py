@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 
 from ._errors import ConnectionFailed, ConveyorError, Unauthorized, error_from_reply
-from ._socket import write_joined
+from ._socket import masked_text_frames, write_joined
 from ._wire import WireError, decode, encode
 
 __all__ = ["Session"]
@@ -55,6 +55,13 @@ class _Socket(ClientConnection):
 
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
+
+    def write_texts(self, texts: list[bytes]) -> None:
+        """Write ``texts`` as text frames, in one piece; call only while the socket is
+        open. What websockets itself queued (a pong) goes first, so the order holds."""
+        if self.protocol.writes:
+            self.send_data()
+        self.transport.write(masked_text_frames(texts))
 
 
 class _Lost(Exception):
@@ -97,7 +104,7 @@ class Session:
         self.backoff_max_s = backoff_max_s
         self.hello: dict[str, Any] = {}
         self.connected = asyncio.Event()
-        self._ws: ClientConnection | None = None
+        self._ws: _Socket | None = None
         self._ready = False  # hello and on_connect done on the current socket
         self._pending: dict[int, _Pending] = {}
         self._rids = itertools.count(1)
@@ -161,9 +168,7 @@ class Session:
             # so the broker works on these while we make the rest. (Sending everything at
             # the end had a publisher and the broker take turns, each idle half the time.)
             self._out = []
-            for data in out:
-                ws.protocol.send_text(data)
-            ws.send_data()
+            ws.write_texts(out)
         if self._writing:
             return  # the writer under way takes the rest along
         self._writing = True
@@ -172,8 +177,7 @@ class Session:
             while self._out and ws is self._ws:
                 batch, self._out = self._out, []
                 async with ws.send_context():
-                    for data in batch:
-                        ws.protocol.send_text(data)
+                    ws.write_texts(batch)
         except ConnectionClosed:
             pass  # resent (or failed) when the session notices the socket is gone
         finally:
@@ -235,6 +239,7 @@ class Session:
                 await asyncio.sleep(self._backoff(tries))
 
     async def _serve(self, ws: ClientConnection, outage_since: float | None) -> None:
+        assert isinstance(ws, _Socket)  # connect() made it (create_connection)
         self._ws = ws
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
