@@ -135,3 +135,43 @@ async def test_a_call_during_an_outage_fails_after_the_request_timeout() -> None
             await asyncio.wait_for(client.enqueue("gone", {}), WAIT)
     finally:
         await client.aclose()
+
+
+async def test_requests_a_broker_never_answers_fail_one_by_one_after_their_timeout() -> None:
+    import orjson
+    from websockets.asyncio.server import ServerConnection, serve
+
+    arrived: asyncio.Queue[str] = asyncio.Queue()
+
+    async def silent(ws: ServerConnection) -> None:  # answers hello, then nothing
+        async for message in ws:
+            frame = orjson.loads(message)
+            if frame["op"] == "hello":
+                await ws.send(orjson.dumps({"rid": frame["rid"], "ok": True}).decode())
+            else:
+                arrived.put_nowait(frame["op"])
+
+    async with serve(silent, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        timeout = 0.3
+        async with Client(
+            f"ws://127.0.0.1:{port}/ws", connect_timeout=WAIT, request_timeout=timeout
+        ) as client:
+            loop = asyncio.get_running_loop()
+            first_sent = loop.time()
+            first = asyncio.ensure_future(client.stats())
+            assert await asyncio.wait_for(arrived.get(), WAIT) == "stats"
+            second_sent = loop.time()
+            second = asyncio.ensure_future(client.get_job("x"))
+            assert await asyncio.wait_for(arrived.get(), WAIT) == "get_job"
+            failed = []
+            for call, op, sent in ((first, "stats", first_sent), (second, "get_job", second_sent)):
+                with pytest.raises(ConnectionFailed, match=f"^{op}: no reply"):
+                    await asyncio.wait_for(call, WAIT)
+                failed.append(loop.time())
+                assert failed[-1] - sent >= timeout  # not before its time
+            # The session still works: a third request gets its own full timeout.
+            third_sent = loop.time()
+            with pytest.raises(ConnectionFailed):
+                await asyncio.wait_for(client.stats(), WAIT)
+            assert loop.time() - third_sent >= timeout
