@@ -233,6 +233,7 @@ class Queue:
 
     __slots__ = (
         "_dead",
+        "_event_entry",
         "_exhausted",
         "_expiry",
         "_fresh",
@@ -242,6 +243,7 @@ class Queue:
         "_n_ready",
         "_n_scheduled",
         "_opts",
+        "_order",
         "_paused",
         "_ready",
         "_scheduled",
@@ -268,6 +270,9 @@ class Queue:
         self._n_processing = 0
         # enqueued, completed, retried, dead, expired, cancelled (see QueueTotals)
         self._totals = [0, 0, 0, 0, 0, 0]
+        # Its entry in the table's heap of next events, and a tie-break for that heap.
+        self._event_entry: tuple[Any, ...] | None = None
+        self._order = len(table._queues)
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r}>"
@@ -759,12 +764,14 @@ class Queue:
         scheduled = self._scheduled
         ready = self._ready
         while (entry := scheduled.top()) is not None and entry[0] <= now:
+            self._table._timing_dirty.add(self)
             scheduled.pop()
             row: _Row = entry[-1]
             self._push(ready, (-row.priority, row.ready_at, row.seq, row))
             self._n_scheduled -= 1
             self._n_ready += 1
         while (entry := self._lease_top()) is not None and entry[0] <= now:
+            self._table._timing_dirty.add(self)
             self._leases.pop()
             row = entry[-1]
             # Lapsed at its deadline, which is its ready time for the reclaim. It stays
@@ -853,6 +860,9 @@ class JobTable:
         self._leases_issued = 0
         # Rows and queues changed since the last take_changes(), when a store listens.
         self._journal: dict[int, _Row] | None = None
+        # Each queue's next event (see next_event_at), and the queues to look at again.
+        self._events = Heap("_event_entry")
+        self._timing_dirty: set[Queue] = set()
         # Rows enqueued since the last take_changes(): a store has never seen them.
         self._journal_new: set[int] = set()
         self._journal_queues: set[Queue] = set()
@@ -877,6 +887,7 @@ class JobTable:
             self._touch_queue(queue)
         elif checked is not None:
             queue._opts = checked
+            self._timing_dirty.add(queue)  # its retention may have changed
         return queue
 
     def queues(self) -> list[str]:
@@ -959,15 +970,38 @@ class JobTable:
         That is the earliest of: a scheduled job maturing, a lease lapsing, a job
         expiring, a dead row's retention ending. A time at or before now means a sweep
         is due now. Jobs already claimable are not events: the caller claims them when
-        it has room. O(queues).
+        it has room.
+
+        O(log queues) for each queue changed since the last call, not O(queues): the
+        dispatcher asks after every pass. Each queue's next event sits in one heap; a
+        change to a queue (every row change goes through ``_touch``) marks it for a fresh
+        look, and so does its event coming due, since a job maturing is no event.
         """
         now = self._now()
-        best: float | None = None
-        for queue in self._queues.values():
-            t = queue._next_event_at(now)
-            if t is not None and (best is None or t < best):
-                best = t
-        return best
+        events = self._events
+        dirty = self._timing_dirty
+        looked: set[Queue] | None = None
+        while True:
+            while dirty:
+                queue = dirty.pop()
+                if looked is None:
+                    looked = set()
+                looked.add(queue)
+                t = queue._next_event_at(now)
+                dirty.discard(queue)  # (its own advance above may have marked it again)
+                entry = queue._event_entry
+                if entry is not None:
+                    if entry[0] == t:
+                        continue
+                    events.forget(queue)
+                if t is not None:
+                    events.push((t, queue._order, queue))
+            entry = events.top()
+            if entry is None:
+                return None
+            if entry[0] > now or (looked is not None and entry[-1] in looked):
+                return float(entry[0])
+            dirty.add(entry[-1])  # its time has come: look again
 
     # -- what a store needs ---------------------------------------------------------------
 
@@ -1098,12 +1132,14 @@ class JobTable:
     # -- internals ------------------------------------------------------------------------
 
     def _touch(self, row: _Row) -> None:
+        self._timing_dirty.add(row.queue)
         journal = self._journal
         if journal is not None:
             journal[row.seq] = row
             self._journal_queues.add(row.queue)
 
     def _touch_queue(self, queue: Queue) -> None:
+        self._timing_dirty.add(queue)
         if self._journal is not None:
             self._journal_queues.add(queue)
 
