@@ -19,7 +19,6 @@ import logging
 import random
 import signal
 import ssl
-import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
@@ -32,9 +31,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import Event, State
-from websockets.utils import apply_mask as _py_apply_mask
 
-from sdk._socket import write_joined
+from sdk._socket import apply_mask, text_header, write_joined
 from sdk._wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
@@ -67,20 +65,10 @@ from .store import open_store
 
 __all__ = ["Broker", "Connection", "running_broker"]
 
-try:  # websockets' C unmasking, when it was built for this platform (as websockets does)
-    from websockets.speedups import apply_mask
-except ImportError:  # pragma: no cover
-    apply_mask = _py_apply_mask
-
 log = logging.getLogger("conveyor")
 
 # Frames handed to the socket in one write, at most (see Connection._write_some).
 _WRITE_BATCH_BYTES = 256 * 1024
-
-# A server's text frame header: FIN + opcode 1, then the length in 7, 7+16 or 7+64 bits.
-_HEAD7 = struct.Struct("!BB")
-_HEAD16 = struct.Struct("!BBH")
-_HEAD64 = struct.Struct("!BBQ")
 
 # Errors that count toward closing a peer that keeps sending garbage.
 _GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
@@ -344,10 +332,9 @@ class _Socket(ServerConnection):
         """Frame texts from the left of ``outbox`` (about ``limit`` bytes of them, at least
         one) and write them in one piece. Call only while the connection is open.
 
-        The framing is RFC 6455's for a server's unfragmented, unmasked text frame, done
-        here because websockets' ``send_text`` builds a ``Frame`` object, checks it and
-        packs it, which cost more than the frame's JSON. Anything websockets itself
-        queued (a pong) is written first, so frames stay in the order they were made.
+        The frames are a server's: unfragmented, unmasked (``text_header``). Anything
+        websockets itself queued (a pong) is written first, so frames stay in the order
+        they were made.
         """
         if self.protocol.writes:
             self.send_data()
@@ -355,15 +342,9 @@ class _Socket(ServerConnection):
         size = 0
         while outbox and size < limit:
             data = outbox.popleft()
-            n = len(data)
-            if n < 126:
-                parts.append(_HEAD7.pack(0x81, n))
-            elif n < 65536:
-                parts.append(_HEAD16.pack(0x81, 126, n))
-            else:
-                parts.append(_HEAD64.pack(0x81, 127, n))
+            parts.append(text_header(len(data)))
             parts.append(data)
-            size += n
+            size += len(data)
         self.transport.write(b"".join(parts))
 
     def attach(self, sink: Callable[[str | bytes], None] | None) -> None:

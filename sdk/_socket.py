@@ -21,11 +21,23 @@ try:  # websockets' C masking, when it was built for this platform (as websocket
 except ImportError:  # pragma: no cover
     apply_mask = _py_apply_mask
 
-__all__ = ["masked_text_frames", "write_joined"]
+__all__ = ["apply_mask", "masked_text_frames", "text_header", "write_joined"]
 
 _HEAD7 = struct.Struct("!BB")
 _HEAD16 = struct.Struct("!BBH")
 _HEAD64 = struct.Struct("!BBQ")
+
+
+def text_header(n: int, mask_bit: int = 0) -> bytes:
+    """RFC 6455's header of an unfragmented text frame (FIN, opcode 1) of ``n`` bytes,
+    with the length in 7, 7+16 or 7+64 bits. ``mask_bit`` 0x80: a client's frame, whose
+    4-byte masking key follows the header. (websockets' ``send_text`` builds, checks and
+    packs a ``Frame`` per message, which cost either end more than the JSON in it.)"""
+    if n < 126:
+        return _HEAD7.pack(0x81, mask_bit | n)
+    if n < 65536:
+        return _HEAD16.pack(0x81, mask_bit | 126, n)
+    return _HEAD64.pack(0x81, mask_bit | 127, n)
 
 
 class _MaskKeys:
@@ -56,20 +68,12 @@ _masks = _MaskKeys()
 def masked_text_frames(texts: list[bytes]) -> bytes:
     """Client text frames (FIN, unfragmented, masked) for ``texts``, joined for one write.
 
-    Each text must be valid UTF-8 (``encode`` makes it so). websockets' ``send_text``
-    builds, checks and packs a ``Frame`` per message, which cost a client more than the
-    JSON in it.
+    Each text must be valid UTF-8 (``encode`` makes it so).
     """
     parts: list[bytes] = []
     take = _masks.take
     for data in texts:
-        n = len(data)
-        if n < 126:
-            parts.append(_HEAD7.pack(0x81, 0x80 | n))
-        elif n < 65536:
-            parts.append(_HEAD16.pack(0x81, 0x80 | 126, n))
-        else:
-            parts.append(_HEAD64.pack(0x81, 0x80 | 127, n))
+        parts.append(text_header(len(data), 0x80))
         mask = take()
         parts.append(mask)
         parts.append(apply_mask(data, mask))
