@@ -265,8 +265,9 @@ class _Socket(ServerConnection):
     """
 
     _sink: Callable[[str | bytes], None] | None = None
-    _early: list[str | bytes] | None = None
-    _held: deque[str | bytes] | None = None  # messages read while the handler is paused
+    # Messages read but not handed over yet: no handler yet, or it holds (``hold``).
+    _waiting: deque[str | bytes] | None = None
+    _holding = False
     _detached = False
     _parts: bytearray | None = None  # a fragmented message being joined
     _parts_text = False
@@ -352,34 +353,32 @@ class _Socket(ServerConnection):
         ``None``: the handler is done, and later messages are dropped, not kept."""
         self._sink = sink
         self._detached = sink is None
-        early, self._early = self._early, None
-        if sink is not None and early:
-            for message in early:
-                sink(message)
+        if sink is None:
+            self._waiting = None
+        else:
+            self._hand_over()
 
     def hold(self) -> None:
         """Stop reading, and keep the messages already read but not yet handed over (the
         rest of the bytes in hand) until ``release()``: the handler wants no more now."""
-        if self._held is None:
-            self._held = deque()
+        if not self._holding:
+            self._holding = True
             self.transport.pause_reading()
 
     def release(self) -> None:
         """Hand over the messages kept by ``hold()``, then read again; if the handler
-        holds again meanwhile, the rest stays kept."""
-        held = self._held
-        if held is None:
-            return
-        self._held = None
-        while held:
-            message = held.popleft()
-            if self._sink is not None:
-                self._sink(message)
-            if self._held is not None:  # held again by that message
-                held.extend(self._held)
-                self._held = held
-                return
-        self.transport.resume_reading()
+        holds again meanwhile, the rest stays kept. Nothing to do when not holding."""
+        if self._holding:
+            self._holding = False
+            self._hand_over()
+            if not self._holding:
+                self.transport.resume_reading()
+
+    def _hand_over(self) -> None:
+        """The waiting messages to the handler, in order, until it holds again."""
+        waiting = self._waiting
+        while waiting and not self._holding and self._sink is not None:
+            self._sink(waiting.popleft())
 
     def process_event(self, event: Event) -> None:
         if self.request is None or not isinstance(event, Frame):
@@ -418,17 +417,14 @@ class _Socket(ServerConnection):
                 return
         else:
             message = bytes(data)
-        sink = self._sink
-        if self._held is not None and not self._detached:
-            self._held.append(message)
-        elif sink is not None:
-            sink(message)
-        elif self._detached:
+        if self._detached:
             return  # a peer still sending after its connection was handled to the end
-        elif self._early is None:
-            self._early = [message]
+        if self._sink is None or self._holding:
+            if self._waiting is None:
+                self._waiting = deque()
+            self._waiting.append(message)
         else:
-            self._early.append(message)
+            self._sink(message)
 
 
 class Connection:
@@ -451,7 +447,6 @@ class Connection:
         self.last_seen_at = self.connected_at
         # Reading pauses while this many frames wait in the outbox (see _on_message).
         self._high_water = max(1, broker.config.max_outbox_frames // 2)
-        self._paused_reading = False
         # A close to start once the error reply of the frame being handled is queued.
         self._close_after_reply: tuple[int, str] | None = None
         config = broker.config
@@ -565,9 +560,8 @@ class Connection:
             ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
         if ws.paused:
             self._wake.set()  # the writer task watches the socket drain
-        elif self._paused_reading:
-            self._paused_reading = False
-            ws.release()
+        else:
+            ws.release()  # reading again, if it was held
 
     def close_soon(self, code: int, reason: str) -> None:
         """Close after the frames already queued (the reader notices and ends)."""
@@ -594,10 +588,8 @@ class Connection:
                 if ws.paused:
                     with anyio.fail_after(bound):
                         await ws.drain()
-                if self._paused_reading:
-                    self._paused_reading = False
-                    assert isinstance(ws, _Socket)
-                    ws.release()
+                assert isinstance(ws, _Socket)
+                ws.release()  # reading again, if it was held
                 if self._closing:
                     with anyio.fail_after(bound):
                         await ws.close(self._close_code, self._close_reason)
@@ -666,8 +658,7 @@ class Connection:
         # that pipelines requests is slowed by TCP flow control, not dropped as slow. The
         # requests already read (one read can hold thousands) wait too: handled now, their
         # replies alone could overflow the outbox.
-        if len(self._outbox) >= self._high_water and not self._paused_reading:
-            self._paused_reading = True
+        if len(self._outbox) >= self._high_water:
             ws = self.ws
             assert isinstance(ws, _Socket)
             ws.hold()

@@ -629,7 +629,7 @@ async def test_frames_sent_before_the_connection_is_served_are_handled_in_order(
         # A handshake on another connection takes several round trips, by which time the
         # broker has read conn's frames: they wait for conn's handler.
         other = await client()
-        waiting = sorted(len(ws._early or ()) for ws in broker.server.connections)  # type: ignore[attr-defined]
+        waiting = sorted(len(ws._waiting or ()) for ws in broker.server.connections)  # type: ignore[attr-defined]
         assert waiting == [0, 5]  # conn's five; other sent none
     finally:
         release.set()
@@ -746,4 +746,4 @@ def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None
     assert got == ["one", "two", b"three"]
     sock.attach(None)  # the handler is done
     sock.process_event(Frame(Opcode.TEXT, b"four"))
-    assert got == ["one", "two", b"three"] and sock._early is None
+    assert got == ["one", "two", b"three"] and sock._waiting is None
