@@ -188,28 +188,29 @@ class Dispatcher:
         on any connection (the lease is the credential), so a report of the current lease
         made elsewhere frees the holder's slot.
         """
+        freed = self._free(sub, job_id, lease)
+        if freed is not None:
+            self._set_hungry(freed)
+
+    def finished_many(self, sub: Subscription | None, pairs: Iterable[tuple[str, str]]) -> None:
+        """``finished`` for each ``(job_id, lease)`` a connection answered for at once;
+        each subscription that got slots back is offered jobs once."""
+        freed = {self._free(sub, job_id, lease): None for job_id, lease in pairs}
+        for each in freed:
+            if each is not None:
+                self._set_hungry(each)
+
+    def _free(self, sub: Subscription | None, job_id: str, lease: str) -> Subscription | None:
+        """Free the slot the lease took; returns whose it was (``None``: nobody's)."""
         if sub is None or sub.in_flight.pop(lease, None) is None:
             holder = self._holders.get(job_id)
             if holder is None or holder[1] != lease:
-                return
+                return None
             sub = holder[0]
             sub.in_flight.pop(lease, None)
         if self._holders.get(job_id) == (sub, lease):
             del self._holders[job_id]
-        self._set_hungry(sub)
-
-    def finished_many(self, sub: Subscription | None, pairs: Iterable[tuple[str, str]]) -> None:
-        """``finished`` for each ``(job_id, lease)`` a connection answered for at once."""
-        in_flight = sub.in_flight if sub is not None else None
-        holders = self._holders
-        for job_id, lease in pairs:
-            if in_flight is not None and in_flight.pop(lease, None) is not None:
-                if holders.get(job_id) == (sub, lease):
-                    del holders[job_id]
-            else:
-                self.finished(sub, job_id, lease)
-        if sub is not None:
-            self._set_hungry(sub)
+        return sub
 
     def cancelled(self, job_id: str) -> None:
         """The job was cancelled: tell its holder (if any) and free the holder's slot."""
