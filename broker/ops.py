@@ -9,28 +9,33 @@ broker refuses; the engine's ``InvalidArgument`` is turned into one by the serve
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sdk._wire import (
+    OPS,
     PROTOCOL_VERSION,
     SERVER_NAME,
     SUPPORTED_PROTOCOLS,
     ErrorCode,
     Op,
     WireError,
+    check_entry,
     encode_payload,
     job_info,
 )
 
 from . import __version__
 from .dispatch import Subscription
-from .engine import NewJob, Queue, RawJSON
+from .engine import InvalidArgument, NewJob, Queue, RawJSON
 
 if TYPE_CHECKING:
     from .server import Connection
 
 __all__ = ["HANDLERS"]
+
+log = logging.getLogger("conveyor.server")
 
 Result = dict[str, Any] | None
 Handler = Callable[["Connection", dict[str, Any]], Result]
@@ -110,6 +115,41 @@ def enqueue_batch(conn: Connection, f: dict[str, Any]) -> Result:
     ids = queue.enqueue_batch(jobs)
     conn.broker.dispatcher.queue_changed(queue.name)
     return {"ids": ids}
+
+
+_EACH_JOBS = OPS[Op.ENQUEUE_EACH].by_name["jobs"]
+
+
+def enqueue_each(conn: Connection, f: dict[str, Any]) -> Result:
+    """Each job on its own, in order: an id, or the error ``enqueue`` would have given,
+    its field under the entry's path (``jobs[3].priority``). One bad job fails alone:
+    a client coalescing independent enqueues into one frame (the SDK) relies on it."""
+    results: list[dict[str, Any]] = []
+    changed: set[str] = set()
+    for i, item in enumerate(f["jobs"]):
+        try:
+            job = check_entry(_EACH_JOBS, item, i)
+            queue = conn.broker.queue(job["queue"], f"jobs[{i}].queue")
+            payload = _payload(conn, job["payload"], f"jobs[{i}].payload")
+            try:
+                job_id = queue.enqueue(payload, **{name: job[name] for name in _OPTION_NAMES})
+            except InvalidArgument as exc:
+                nested = exc.within(f"jobs[{i}]")
+                raise WireError(ErrorCode(exc.code), str(nested), nested.field) from None
+        except WireError as exc:
+            results.append({"error": exc.error_object()})
+            continue
+        except Exception:
+            # Our bug, not the peer's (as in Connection.handle_frame): this job only.
+            log.exception("internal error in enqueue_each")
+            internal = WireError(ErrorCode.INTERNAL, "internal error")
+            results.append({"error": internal.error_object()})
+            continue
+        results.append({"id": job_id})
+        changed.add(queue.name)
+    for name in changed:
+        conn.broker.dispatcher.queue_changed(name)
+    return {"results": results}
 
 
 def get_job(conn: Connection, f: dict[str, Any]) -> Result:
@@ -246,6 +286,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.PING: ping,
     Op.ENQUEUE: enqueue,
     Op.ENQUEUE_BATCH: enqueue_batch,
+    Op.ENQUEUE_EACH: enqueue_each,
     Op.GET_JOB: get_job,
     Op.CANCEL: cancel,
     Op.STATS: stats,

@@ -75,6 +75,7 @@ __all__ = [
     "WireError",
     "binary_frame_error",
     "cancelled_push",
+    "check_entry",
     "decode",
     "decode_value",
     "encode",
@@ -191,6 +192,7 @@ class Op(StrEnum):
     PING = "ping"
     ENQUEUE = "enqueue"
     ENQUEUE_BATCH = "enqueue_batch"
+    ENQUEUE_EACH = "enqueue_each"
     GET_JOB = "get_job"
     CANCEL = "cancel"
     STATS = "stats"
@@ -451,6 +453,9 @@ class Field:
     batch: bool = False
     # OBJECTS: the fields of each entry.
     items: tuple[Field, ...] = ()
+    # OBJECTS: the request's check leaves the entries as they are; the op checks each one
+    # on its own (check_entry), so that one bad entry fails alone (enqueue_each).
+    each: bool = False
     item_names: frozenset[str] = field(init=False, repr=False, compare=False)
     # OBJECTS whose entries are exactly two required strings (``{id, lease}``): their
     # names, for a shorter check of the batches every worker sends (acks, heartbeats).
@@ -535,6 +540,20 @@ _SPECS = (
                 required=True,
                 batch=True,
                 items=(Field("payload", Kind.ANY, required=True), *_JOB_OPTIONS),
+            ),
+        ),
+    ),
+    OpSpec(
+        Op.ENQUEUE_EACH,
+        _PUBLISHING,
+        (
+            Field(
+                "jobs",
+                Kind.OBJECTS,
+                required=True,
+                batch=True,
+                each=True,
+                items=(_QUEUE, Field("payload", Kind.ANY, required=True), *_JOB_OPTIONS),
             ),
         ),
     ),
@@ -719,6 +738,8 @@ def _fast_object(
                 if f.unique and len(set(value)) != len(value):
                     raise _Explain
                 value = list(value)
+            elif f.each:
+                value = list(value)  # each entry is checked on its own, by the op
             elif f.string_pair is not None:
                 a, b = f.string_pair
                 for item in value:
@@ -807,18 +828,36 @@ def _check_value(f: Field, value: Any, path: str, max_batch: int | None) -> Any:
                     )
                 seen.add(item)
         return list(value)
-    names = {sub.name for sub in f.items}
-    out = []
-    for i, item in enumerate(value):
-        where = f"{path}[{i}]"
-        if not isinstance(item, dict):
-            raise _wrong_type(where, "an object", item)
-        for name in item:
-            if name not in names:
-                shown = f"{where}.{_echo(name)}"
-                raise WireError(ErrorCode.INVALID_ARGUMENT, f"{shown}: unknown field", shown)
-        out.append(_check_object(f.items, item, where + ".", max_batch))
-    return out
+    if f.each:
+        return list(value)  # each entry is checked on its own, by the op
+    return [_check_entry(f, item, f"{path}[{i}]", max_batch) for i, item in enumerate(value)]
+
+
+def _check_entry(f: Field, item: Any, where: str, max_batch: int | None) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        raise _wrong_type(where, "an object", item)
+    for name in item:
+        if name not in f.item_names:
+            shown = f"{where}.{_echo(name)}"
+            raise WireError(ErrorCode.INVALID_ARGUMENT, f"{shown}: unknown field", shown)
+    return _check_object(f.items, item, where + ".", max_batch)
+
+
+def check_entry(f: Field, item: Any, index: int) -> dict[str, Any]:
+    """Entry ``index`` of the ``each`` field ``f``, checked, with defaults filled in.
+
+    The request's own check left the entries of such a field as they came (see
+    ``Field.each``); the op calls this for each one, so that one bad entry is refused on
+    its own. Raises ``WireError`` (``invalid_argument``) naming the member under the
+    entry's path (``"jobs[3].priority"``).
+    """
+    if type(item) is dict and f.item_names.issuperset(item):
+        try:
+            return _fast_object(f.items, item, None)
+        except _Explain:
+            pass
+    _check_entry(f, item, f"{f.name}[{index}]", None)
+    raise AssertionError("the fast check refused an entry the full check accepts")
 
 
 def _wrong_type(path: str, expected: str, value: Any) -> WireError:

@@ -26,6 +26,7 @@ from sdk._wire import (
     Op,
     Role,
     WireError,
+    check_entry,
     decode,
     encode,
     encode_payload,
@@ -99,6 +100,20 @@ def put(frame: dict[str, Any], path: str, value: Any) -> None:
         with_entry(frame, outer)[inner] = value
     else:
         frame[path] = value
+
+
+def check_all(frame: dict[str, Any]) -> tuple[str, Any, dict[str, Any]]:
+    """``validate_request``, then ``check_entry`` on each entry of an ``each`` field, as
+    the broker's op does (an entry's error travels in that request's reply: its rid)."""
+    op, rid, fields = validate_request(frame)
+    for f in OPS[op].fields:
+        if f.each:
+            try:
+                fields[f.name] = [check_entry(f, item, i) for i, item in enumerate(fields[f.name])]
+            except WireError as exc:
+                exc.rid = rid
+                raise
+    return op, rid, fields
 
 
 # --------------------------------------------------------------------------- decode
@@ -337,7 +352,7 @@ def test_null_means_not_set_but_null_payload_is_a_value() -> None:
 
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_minimal_request_of_every_op(op: str) -> None:
-    name, rid, fields = validate_request(minimal(op))
+    name, rid, fields = check_all(minimal(op))
     assert name == op and rid == 1
     assert set(fields) == {f.name for f in OPS[op].fields}
 
@@ -353,7 +368,7 @@ def test_missing_required_field(op: str, path: str) -> None:
         del with_entry(frame, outer)[inner]
     else:
         del frame[path]
-    err = raises(ErrorCode.INVALID_ARGUMENT, validate_request, frame)
+    err = raises(ErrorCode.INVALID_ARGUMENT, check_all, frame)
     assert err.field == path and err.message.startswith(f"{path}: ") and err.rid == 1
 
 
@@ -373,7 +388,7 @@ _WRONG: dict[Kind, list[Any]] = {
 def test_wrong_type_named(op: str, path: str, value: Any) -> None:
     frame = minimal(op)
     put(frame, path, value)
-    err = raises(ErrorCode.INVALID_ARGUMENT, validate_request, frame)
+    err = raises(ErrorCode.INVALID_ARGUMENT, check_all, frame)
     assert err.field is not None and err.field.startswith(path)
     assert err.message.startswith(f"{err.field}: ")
 
@@ -382,10 +397,10 @@ def test_wrong_type_named(op: str, path: str, value: Any) -> None:
 def test_right_type_accepted(op: str, path: str, f: Field) -> None:
     frame = minimal(op)
     put(frame, path, sample_field(f))
-    validate_request(frame)
+    check_all(frame)
     if f.kind is Kind.NUMBER:
         put(frame, path, 7)  # an integer is a number
-        validate_request(frame)
+        check_all(frame)
 
 
 def test_unknown_field_named_and_rid_echoed() -> None:
@@ -482,6 +497,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
     batch = {(op, path) for op, path, f in every_field() if f.batch}
     assert batch == {
         ("enqueue_batch", "jobs"),
+        ("enqueue_each", "jobs"),
         ("ack_batch", "items"),
         ("heartbeat_batch", "items"),
         ("subscribe", "leases"),
@@ -526,6 +542,7 @@ ROLES_BY_OP = {
     "ping": set(),
     "enqueue": {P, A},
     "enqueue_batch": {P, A},
+    "enqueue_each": {P, A},
     "get_job": {P, W, R, A},
     "cancel": {P, A},
     "stats": {P, R, A},
@@ -796,3 +813,21 @@ def test_fast_check_agrees_with_the_full_check(
     else:
         assert fast == slow
         assert [type(v) for v in fast.values()] == [type(v) for v in slow.values()]
+        for f in spec.fields:  # an `each` field's entries: checked one by one, by the op
+            if f.each:
+                for i, item in enumerate(slow[f.name]):
+                    _entry_checks_agree(f, item, i)
+
+
+def _entry_checks_agree(f: Field, item: Any, index: int) -> None:
+    try:
+        slow: dict[str, Any] | WireError = wire._check_entry(f, item, f"{f.name}[{index}]", None)
+    except WireError as exc:
+        slow = exc
+    try:
+        fast = check_entry(f, item, index)
+    except WireError as exc:
+        assert isinstance(slow, WireError), exc
+        assert (exc.field, exc.message) == (slow.field, slow.message)
+        return
+    assert fast == slow

@@ -209,6 +209,18 @@ BAD_INPUT: dict[str, tuple[str | bytes, str, str | None, Any]] = {
         "jobs",
         1,
     ),
+    "enqueue each too long": (
+        request("enqueue_each", jobs=[{"queue": "q", "payload": i} for i in range(4)]),
+        "too_large",
+        "jobs",
+        1,
+    ),
+    "enqueue each not an array": (
+        request("enqueue_each", jobs={"queue": "q", "payload": 1}),
+        "invalid_argument",
+        "jobs",
+        1,
+    ),
     "ack batch too long": (request("ack_batch", items=handles(4)), "too_large", "items", 1),
     "heartbeat batch too long": (
         request("heartbeat_batch", items=handles(4)),

@@ -38,6 +38,7 @@ secured = with_config(tokens=TOKENS)
 REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("enqueue", {"queue": "q", "payload": 1}),
     ("enqueue_batch", {"queue": "q", "jobs": [{"payload": 2}]}),
+    ("enqueue_each", {"jobs": [{"queue": "q", "payload": 3}]}),
     ("get_job", {"id": "no-such-job"}),
     ("cancel", {"id": "no-such-job"}),
     ("stats", {}),
@@ -59,7 +60,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 
 # docs/protocol.md §4, "Roles".
 ALLOWED = {
-    Role.PUBLISH: {"enqueue", "enqueue_batch", "get_job", "cancel", "stats"},
+    Role.PUBLISH: {"enqueue", "enqueue_batch", "enqueue_each", "get_job", "cancel", "stats"},
     Role.WORK: {
         "subscribe",
         "unsubscribe",
