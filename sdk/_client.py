@@ -17,7 +17,7 @@ import anyio
 import anyio.from_thread
 
 from ._errors import ConnectionFailed, InvalidArgument
-from ._session import Session
+from ._session import EACH_BYTES, Session
 from ._types import JobInfo
 from ._wire import WireError, encode_payload, raw_json
 
@@ -39,12 +39,17 @@ def normalize_url(url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def _payload(value: Any, field: str) -> Any:
-    """The payload checked as strict JSON and encoded once, ready to splice into a frame."""
+def _encoded(value: Any, field: str) -> bytes:
+    """The payload checked as strict JSON and encoded once."""
     try:
-        return raw_json(encode_payload(value, field=field))
+        return encode_payload(value, field=field)
     except WireError as exc:
         raise InvalidArgument(exc.message, field=exc.field) from None
+
+
+def _payload(value: Any, field: str) -> Any:
+    """The payload checked as strict JSON and encoded once, ready to splice into a frame."""
+    return raw_json(_encoded(value, field))
 
 
 def _options(**options: Any) -> dict[str, Any]:
@@ -172,13 +177,15 @@ class Client:
         """Store one job; return its id. Options as in the job contract; ``None``: not set.
 
         Without a ``key`` the SDK makes one, so that a request resent after a lost reply
-        is stored once. Raises ``InvalidArgument`` (naming the field), ``TooLarge``,
-        ``Forbidden``, ``ConnectionFailed``.
+        is stored once. Enqueues made concurrently (tasks, or a ``SyncClient``'s threads)
+        share ``enqueue_each`` frames, each still answered on its own. Raises
+        ``InvalidArgument`` (naming the field), ``TooLarge``, ``Forbidden``,
+        ``ConnectionFailed``.
         """
-        reply = await self._call(
-            "enqueue",
-            queue=queue,
-            payload=_payload(payload, "payload"),
+        encoded = _encoded(payload, "payload")
+        job = {
+            "queue": queue,
+            "payload": raw_json(encoded),
             **_options(
                 priority=priority,
                 delay_s=delay_s,
@@ -189,9 +196,14 @@ class Client:
                 backoff_base_s=backoff_base_s,
                 key=key if key is not None else _auto_key(),
             ),
-        )
-        job_id: str = reply["id"]
-        return job_id
+        }
+        if len(encoded) > EACH_BYTES:
+            # A large payload goes alone, as plain `enqueue`: its frame stays as small as
+            # it can be under the broker's frame limit.
+            reply = await self._call("enqueue", **job)
+            job_id: str = reply["id"]
+            return job_id
+        return await self._session.enqueue(job, len(encoded))
 
     async def enqueue_many(
         self,

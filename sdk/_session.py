@@ -35,6 +35,11 @@ log = logging.getLogger("conveyor.sdk")
 _FLUSH_AT = 8
 # Incoming frames may be up to twice the broker's frame limit (docs/protocol.md §12).
 _MAX_INCOMING = 16 * 1024 * 1024
+# Enqueues made in one loop iteration travel together in enqueue_each frames of at most
+# this many jobs and, past the first, this many payload bytes. Several smaller frames in
+# flight beat one large one: the broker works on one while we make the next.
+_EACH_JOBS = 16
+EACH_BYTES = 64 * 1024
 
 
 def _permanent(exc: ConveyorError) -> bool:
@@ -123,6 +128,11 @@ class Session:
         self._rng = random.Random()
         self._out: list[bytes] = []  # frames waiting for the writer (see _send)
         self._writing = False
+        # Enqueues waiting for the next enqueue_each frame (see enqueue).
+        self._jobs: list[dict[str, Any]] = []
+        self._job_futures: list[asyncio.Future[tuple[int, dict[str, Any]]]] = []
+        self._job_bytes = 0
+        self._ship_scheduled = False
 
     # -- requests -------------------------------------------------------------------------
 
@@ -135,14 +145,7 @@ class Session:
         """
         if self._fatal is not None:
             raise self._fatal
-        rid = next(self._rids)
-        frame = encode({"op": op, "rid": rid, **fields})
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, Any]] = loop.create_future()
-        deadline = loop.time() + self.request_timeout
-        self._pending[rid] = _Pending(frame, future, resend, op, deadline)
-        if self._expiry is None:
-            self._expiry = loop.call_at(deadline, self._expire)
+        rid, frame, future = self._register(op, fields, resend)
         try:
             if self._ready or not resend:
                 await self._send(frame)
@@ -152,6 +155,99 @@ class Session:
         if not reply.get("ok"):
             raise error_from_reply(reply.get("error") or {})
         return reply
+
+    def _register(
+        self, op: str, fields: dict[str, Any], resend: bool
+    ) -> tuple[int, bytes, asyncio.Future[dict[str, Any]]]:
+        """A new request, waiting in ``_pending`` for its reply (or its timeout)."""
+        rid = next(self._rids)
+        frame = encode({"op": op, "rid": rid, **fields})
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
+        deadline = loop.time() + self.request_timeout
+        self._pending[rid] = _Pending(frame, future, resend, op, deadline)
+        if self._expiry is None:
+            self._expiry = loop.call_at(deadline, self._expire)
+        return rid, frame, future
+
+    async def enqueue(self, job: dict[str, Any], size: int) -> str:
+        """Store one job and return its id; raise the ``ConveyorError`` refusing it.
+
+        ``job`` holds the members of an ``enqueue_each`` entry (``queue``, ``payload``
+        as raw JSON of ``size`` bytes, the options, a ``key``). The enqueues made in one
+        loop iteration (a publisher's concurrent tasks, a ``SyncClient``'s threads) go
+        out together, in the order made, as ``enqueue_each`` frames; each gets its own
+        answer, so one refused job fails alone. Resent after a reconnect and timed out
+        like ``request`` (the key makes a resend store the job once).
+        """
+        if self._fatal is not None:
+            raise self._fatal
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[tuple[int, dict[str, Any]]] = loop.create_future()
+        if self._jobs and self._job_bytes + size > EACH_BYTES:
+            self._ship()
+        self._jobs.append(job)
+        self._job_futures.append(future)
+        self._job_bytes += size
+        if len(self._jobs) >= _EACH_JOBS or self._job_bytes >= EACH_BYTES:
+            self._ship()
+        elif not self._ship_scheduled:
+            self._ship_scheduled = True
+            loop.call_soon(self._ship)
+        index, answer = await future
+        error = answer.get("error")
+        if error is not None:
+            raise error_from_reply(_unnest(error, f"jobs[{index}]."))
+        job_id: str = answer["id"]
+        return job_id
+
+    def _ship(self) -> None:
+        """Send the waiting enqueues as one ``enqueue_each`` request."""
+        self._ship_scheduled = False
+        jobs, futures = self._jobs, self._job_futures
+        if not jobs:
+            return
+        self._jobs, self._job_futures, self._job_bytes = [], [], 0
+        rid, frame, request = self._register("enqueue_each", {"jobs": jobs}, True)
+        request.add_done_callback(lambda done: self._answer(rid, done, futures))
+        if self._ready:
+            ws = self._ws
+            if (
+                ws is not None
+                and not self._writing
+                and not self._out
+                and not ws.paused
+                and ws.protocol.state is State.OPEN
+            ):
+                ws.write_texts([frame])  # nothing queued before it: no need to wait
+            else:
+                asyncio.get_running_loop().create_task(self._send(frame))
+
+    def _answer(
+        self,
+        rid: int,
+        request: asyncio.Future[dict[str, Any]],
+        futures: list[asyncio.Future[tuple[int, dict[str, Any]]]],
+    ) -> None:
+        """Hand each enqueue of an ``enqueue_each`` request its own answer."""
+        self._pending.pop(rid, None)
+        failure = (
+            ConnectionFailed("enqueue_each: the request was cancelled")
+            if request.cancelled()
+            else request.exception()
+        )
+        if failure is None:
+            reply = request.result()
+            results = reply.get("results") if reply.get("ok") else None
+            if isinstance(results, list) and len(results) == len(futures):
+                for index, (future, answer) in enumerate(zip(futures, results, strict=True)):
+                    if not future.done():
+                        future.set_result((index, answer))
+                return
+            failure = error_from_reply(reply.get("error") or {"message": "enqueue_each: bad reply"})
+        for future in futures:
+            if not future.done():
+                future.set_exception(failure)
 
     def send_nowait(self, op: str, fields: dict[str, Any]) -> None:
         """Fire and forget: no ``rid``, no reply on success, nothing resent on a reconnect."""
@@ -348,3 +444,15 @@ class Session:
         ws = self._ws
         if ws is not None:
             await ws.close()
+
+
+def _unnest(error: dict[str, Any], where: str) -> dict[str, Any]:
+    """An ``enqueue_each`` entry's error as ``enqueue`` would give it: its field and
+    message without the entry's path (``jobs[3].priority`` is the caller's ``priority``)."""
+    field = error.get("field")
+    message = error.get("message")
+    if isinstance(field, str) and field.startswith(where):
+        field = field[len(where) :]
+    if isinstance(message, str) and message.startswith(where):
+        message = message[len(where) :]
+    return {**error, "field": field, "message": message}

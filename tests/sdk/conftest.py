@@ -109,16 +109,20 @@ class Probe:
 
     def handled(self, op: str, job_id: str | None = None) -> list[Handled]:
         """The requests of ``op`` (for ``job_id``) the broker handled, in order. Each entry
-        of an ``ack_batch`` counts as an ``ack`` of its own, with its own ``landed``."""
+        of an ``ack_batch`` counts as an ``ack`` of its own, with its own ``landed``, and
+        each entry of an ``enqueue_each`` as an ``enqueue``, with its own result."""
         return [h for h in self._expanded() if h.op == op and (job_id is None or h.id == job_id)]
 
     def _expanded(self) -> Iterator[Handled]:
         for h in self.log:
-            if h.op != "ack_batch":
+            if h.op == "ack_batch":
+                for item, landed in zip(h.fields["items"], h.result["landed"], strict=True):
+                    yield Handled("ack", dict(item), {"landed": landed}, h.at)
+            elif h.op == "enqueue_each":
+                for item, result in zip(h.fields["jobs"], h.result["results"], strict=True):
+                    yield Handled("enqueue", dict(item), result, h.at)
+            else:
                 yield h
-                continue
-            for item, landed in zip(h.fields["items"], h.result["landed"], strict=True):
-                yield Handled("ack", dict(item), {"landed": landed}, h.at)
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = WAIT) -> Any:
         """Return ``predicate()`` once it is truthy, re-checking after each handled request."""

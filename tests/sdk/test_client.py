@@ -327,6 +327,47 @@ async def test_concurrent_calls_are_pipelined_on_one_client(client: Client) -> N
     assert [info.payload for info in infos if info is not None] == list(range(200))
 
 
+async def test_concurrent_enqueues_share_frames_and_a_bad_one_fails_alone(
+    client: Client, probe: Probe
+) -> None:
+    bad = {7: True, 20: 2**31}  # a wrong type, a value out of range
+    calls = [client.enqueue("shared", i, priority=bad.get(i, 0)) for i in range(40)]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+
+    for i in bad:
+        error = outcomes[i]
+        assert isinstance(error, InvalidArgument), error
+        assert error.field == "priority"  # the caller's own argument, not jobs[k].priority
+        assert str(error).startswith("priority: ")
+    good = [i for i in range(40) if i not in bad]
+    ids = [outcomes[i] for i in good]
+    assert all(isinstance(job_id, str) for job_id in ids) and len(set(ids)) == len(good)
+    frames = [h.fields["jobs"] for h in probe.log if h.op == "enqueue_each"]
+    assert [job["payload"] for jobs in frames for job in jobs] == list(range(40))  # in order
+    assert max(len(jobs) for jobs in frames) > 1  # they did share frames
+    stored = (await client.stats("shared"))["shared"]
+    assert stored["totals"]["enqueued"] == len(good)
+    infos = await asyncio.gather(*(client.get_job(str(job_id)) for job_id in ids))
+    assert [info.payload for info in infos if info is not None] == good
+
+
+async def test_shared_frames_stay_small_and_a_large_payload_goes_alone(
+    client: Client, probe: Probe
+) -> None:
+    mid = "m" * 20_000  # three fit under the 64 KiB a shared frame holds, four do not
+    large = "L" * 100_000
+    ids = await asyncio.gather(
+        *(client.enqueue("sizes", mid) for _ in range(10)), client.enqueue("sizes", large)
+    )
+    frames = [h.fields["jobs"] for h in probe.log if h.op == "enqueue_each"]
+    assert sum(len(jobs) for jobs in frames) == 10
+    assert max(len(jobs) for jobs in frames) == 3
+    alone = [h for h in probe.log if h.op == "enqueue"]
+    assert [h.result["id"] for h in alone] == [ids[-1]]
+    info = await client.get_job(ids[-1])
+    assert info is not None and info.payload == large
+
+
 def test_made_keys_are_unique_and_not_shared_with_a_forked_child() -> None:
     from sdk._client import _AutoKeys
 
