@@ -406,12 +406,20 @@ async def wait_event(event: Any) -> None:
 
 
 class ConveyorPublisher:
-    """Raw WebSocket publisher: one connection, replies matched by rid."""
+    """Raw WebSocket publisher: one connection, replies matched by rid. The enqueues made
+    in one loop iteration go out together as one ``enqueue_each`` frame of at most
+    ``EACH`` jobs, each answered on its own (as the SDK sends them)."""
+
+    EACH = 16
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.rid = 0
-        self.waiting: dict[int, asyncio.Future[None]] = {}
+        self.waiting: dict[int, list[asyncio.Future[None]]] = {}
+        self.jobs: list[bytes] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.scheduled = False
+        self.sending: set[asyncio.Future[None]] = set()  # kept until done (not collected)
 
     async def connect(self) -> None:
         from websockets.asyncio.client import connect
@@ -423,31 +431,50 @@ class ConveyorPublisher:
         try:
             async for raw in self.ws:
                 reply = orjson.loads(raw)
-                future = self.waiting.pop(reply["rid"])
-                if reply.get("ok"):
-                    future.set_result(None)
-                else:
-                    future.set_exception(RuntimeError(f"refused: {reply}"))
+                futures = self.waiting.pop(reply["rid"])
+                results = reply.get("results") or [{}] * len(futures)  # enqueue_batch: ids
+                for future, result in zip(futures, results, strict=True):
+                    if reply.get("ok") and "error" not in result:
+                        future.set_result(None)
+                    else:
+                        future.set_exception(RuntimeError(f"refused: {reply}"))
         finally:
-            for future in self.waiting.values():
-                if not future.done():
-                    future.set_exception(RuntimeError("connection closed"))
+            for futures in self.waiting.values():
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(RuntimeError("connection closed"))
 
-    async def _request(self, frame: bytes) -> None:
+    def _send(self, template: bytes, futures: list[asyncio.Future[None]]) -> None:
         self.rid += 1
-        future = asyncio.get_running_loop().create_future()
-        self.waiting[self.rid] = future
-        await self.ws.send(frame % self.rid, text=True)
-        await future
+        self.waiting[self.rid] = futures
+        sending = asyncio.ensure_future(self.ws.send(template % self.rid, text=True))
+        self.sending.add(sending)
+        sending.add_done_callback(self.sending.discard)
+
+    def _ship(self) -> None:
+        self.scheduled = False
+        if self.jobs:
+            jobs, self.jobs = b",".join(self.jobs), []
+            futures, self.futures = self.futures, []
+            self._send(b'{"op":"enqueue_each","rid":%%d,"jobs":[%s]}' % jobs, futures)
 
     async def publish(self, seq: int, sent: float) -> None:
-        body = job_body(seq, sent)
-        await self._request(b'{"op":"enqueue","rid":%%d,"queue":"bench","payload":%s}' % body)
+        future = asyncio.get_running_loop().create_future()
+        self.jobs.append(b'{"queue":"bench","payload":%s}' % job_body(seq, sent))
+        self.futures.append(future)
+        if len(self.jobs) >= self.EACH:
+            self._ship()
+        elif not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._ship)
+        await future
 
     async def publish_batch(self, seqs: list[int]) -> None:
         now = time.monotonic()
         jobs = b",".join(b'{"payload":%s}' % job_body(seq, now) for seq in seqs)
-        await self._request(b'{"op":"enqueue_batch","rid":%%d,"queue":"bench","jobs":[%s]}' % jobs)
+        future = asyncio.get_running_loop().create_future()
+        self._send(b'{"op":"enqueue_batch","rid":%%d,"queue":"bench","jobs":[%s]}' % jobs, [future])
+        await future
 
     async def close(self) -> None:
         await self.ws.close()
