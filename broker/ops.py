@@ -120,22 +120,43 @@ def enqueue_batch(conn: Connection, f: dict[str, Any]) -> Result:
 _EACH_JOBS = OPS[Op.ENQUEUE_EACH].by_name["jobs"]
 
 
+def _within(exc: WireError, prefix: str) -> WireError:
+    """``exc`` with its field placed under ``prefix`` (``jobs[3]`` + ``.payload``)."""
+    if exc.field is None:
+        return exc
+    return WireError(exc.code, f"{prefix}.{exc.message}", f"{prefix}.{exc.field}")
+
+
 def enqueue_each(conn: Connection, f: dict[str, Any]) -> Result:
     """Each job on its own, in order: an id, or the error ``enqueue`` would have given,
     its field under the entry's path (``jobs[3].priority``). One bad job fails alone:
     a client coalescing independent enqueues into one frame (the SDK) relies on it."""
     results: list[dict[str, Any]] = []
     changed: set[str] = set()
+    table = conn.broker.table
+    limit = conn.broker.config.max_payload_bytes
     for i, item in enumerate(f["jobs"]):
         try:
             job = check_entry(_EACH_JOBS, item, i)
-            queue = conn.broker.queue(job["queue"], f"jobs[{i}].queue")
-            payload = _payload(conn, job["payload"], f"jobs[{i}].payload")
             try:
-                job_id = queue.enqueue(payload, **{name: job[name] for name in _OPTION_NAMES})
-            except InvalidArgument as exc:
+                queue = table.queue(job["queue"])
+                payload = RawJSON(encode_payload(job["payload"], max_bytes=limit))
+                job_id = queue.enqueue(
+                    payload,
+                    priority=job["priority"],
+                    delay_s=job["delay_s"],
+                    run_at=job["run_at"],
+                    expires_s=job["expires_s"],
+                    visibility_timeout_s=job["visibility_timeout_s"],
+                    max_attempts=job["max_attempts"],
+                    backoff_base_s=job["backoff_base_s"],
+                    key=job["key"],
+                )
+            except InvalidArgument as exc:  # a bad queue name, an option out of range
                 nested = exc.within(f"jobs[{i}]")
                 raise WireError(ErrorCode(exc.code), str(nested), nested.field) from None
+            except WireError as exc:  # the payload: its path is made only when it failed
+                raise _within(exc, f"jobs[{i}]") from None
         except WireError as exc:
             results.append({"error": exc.error_object()})
             continue

@@ -183,20 +183,25 @@ class Client:
         ``ConnectionFailed``.
         """
         encoded = _encoded(payload, "payload")
-        job = {
+        job: dict[str, Any] = {
             "queue": queue,
             "payload": raw_json(encoded),
-            **_options(
-                priority=priority,
-                delay_s=delay_s,
-                run_at=run_at,
-                expires_s=expires_s,
-                visibility_timeout_s=visibility_timeout_s,
-                max_attempts=max_attempts,
-                backoff_base_s=backoff_base_s,
-                key=key if key is not None else _auto_key(),
-            ),
+            "priority": priority,
+            "key": key if key is not None else _auto_key(),
         }
+        # (Set one by one, not through _options: this is a busy publisher's every call.)
+        if delay_s is not None:
+            job["delay_s"] = delay_s
+        if run_at is not None:
+            job["run_at"] = run_at
+        if expires_s is not None:
+            job["expires_s"] = expires_s
+        if visibility_timeout_s is not None:
+            job["visibility_timeout_s"] = visibility_timeout_s
+        if max_attempts is not None:
+            job["max_attempts"] = max_attempts
+        if backoff_base_s is not None:
+            job["backoff_base_s"] = backoff_base_s
         if len(encoded) > EACH_BYTES:
             # A large payload goes alone, as plain `enqueue`: its frame stays as small as
             # it can be under the broker's frame limit.

@@ -379,12 +379,23 @@ class Queue:
         """Check every option of one job and resolve it against the queue's (no change)."""
         opts = self._opts
         prio = guard.priority(priority)
-        delay_s = guard.optional(guard.nonneg, "delay_s", delay_s)
-        run_at = guard.optional(guard.finite, "run_at", run_at)
-        expires_s = guard.optional(guard.positive, "expires_s", expires_s)
-        vis = guard.optional(guard.positive, "visibility_timeout_s", visibility_timeout_s)
-        attempts = guard.optional(guard.positive_int, "max_attempts", max_attempts)
-        base = guard.optional(guard.nonneg, "backoff_base_s", backoff_base_s)
+        # (Each unset option is tested here rather than in guard.optional: most jobs set
+        # none, and the calls were a tenth of an enqueue.)
+        if delay_s is not None:
+            delay_s = guard.nonneg("delay_s", delay_s)
+        if run_at is not None:
+            run_at = guard.finite("run_at", run_at)
+        if expires_s is not None:
+            expires_s = guard.positive("expires_s", expires_s)
+        vis = visibility_timeout_s
+        if vis is not None:
+            vis = guard.positive("visibility_timeout_s", vis)
+        attempts = max_attempts
+        if attempts is not None:
+            attempts = guard.positive_int("max_attempts", attempts)
+        base = backoff_base_s
+        if base is not None:
+            base = guard.nonneg("backoff_base_s", base)
         if base is None:
             base = opts.backoff_base_s
         elif base > opts.backoff_max_s:
