@@ -52,7 +52,7 @@ _FRAME_PAYLOAD_BUDGET = 256 * 1024
 class Subscription:
     """One worker connection's subscription: its queues, its window, its leases."""
 
-    __slots__ = ("in_flight", "owner", "prefetch", "queues", "send", "worker_id")
+    __slots__ = ("flush", "in_flight", "owner", "prefetch", "queues", "send", "worker_id")
 
     def __init__(
         self,
@@ -61,12 +61,15 @@ class Subscription:
         prefetch: int,
         send: Callable[[dict[str, Any]], None],
         owner: object = None,
+        flush: Callable[[], None] = lambda: None,
     ) -> None:
         self.worker_id = worker_id
         self.owner = owner  # the server's connection, opaque here (the dashboard reads it)
         self.queues = queues
         self.prefetch = prefetch
         self.send = send  # queues one frame on the connection; never blocks
+        # Writes what send queued now, rather than at the loop's next turn; never blocks.
+        self.flush = flush
         self.in_flight: dict[str, str] = {}  # lease -> job id
 
     @property
@@ -299,6 +302,10 @@ class Dispatcher:
                 self._file(sub)  # back at the end of the line, or off it when full
         for sub, handles in out.items():
             self._push(sub, handles)
+        # Pushes go out now, ahead of the replies queued in the same turn: a job waiting
+        # for a worker is the latency that counts (a reply's sender is already busy).
+        for sub in out:
+            sub.flush()
 
     def _claim_one(self, sub: Subscription) -> JobHandle | None:
         for queue in sub.queues:

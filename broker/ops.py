@@ -212,7 +212,9 @@ def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
     for i, name in enumerate(f["queues"]):  # all checked before any queue is made
         broker.check_queue_name(name, f"queues[{i}]")
     queues = [broker.queue(name) for name in f["queues"]]
-    sub = Subscription(f["worker_id"], queues, prefetch, conn.send, owner=conn)
+    sub = Subscription(
+        f["worker_id"], queues, prefetch, conn.send, owner=conn, flush=conn.flush_now
+    )
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub
     reattached = broker.dispatcher.subscribe(sub, leases)

@@ -531,10 +531,15 @@ class Connection:
         self._outbox.append(data)
         if not self._flush_soon:
             self._flush_soon = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush_now)
         if len(self._outbox) > self.broker.config.max_outbox_frames:
             self._outbox.clear()
             self.close_soon(CLOSE_POLICY_VIOLATION, "too slow: not reading its frames")
+
+    def flush_now(self) -> None:
+        """Write what is queued now, if it was not written yet (see ``_flush``)."""
+        if self._flush_soon:
+            self._flush()
 
     def _flush(self) -> None:
         """Write the outbox, once per loop iteration however many frames were queued in it.
