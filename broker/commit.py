@@ -9,6 +9,10 @@ and releases the frames held meanwhile when that transaction returns. While one
 commit is in flight, new changes and frames gather for the next, so the busier the
 broker, the larger (and cheaper per job) each commit.
 
+A store whose commit has nothing to wait for (``--sync normal``: no fsync) writes it at
+once (``Store.commit_now``) and the frames go out in the same turn, with no task and no
+extra loop turn per commit; the others commit in a task while the loop goes on.
+
 Frames held while nothing changed are released at once, unless a commit is in flight:
 then they wait for it, since they may describe state that commit makes durable (an
 idempotent enqueue answered with the id of a job not yet on disk, say).
@@ -87,16 +91,28 @@ class CommitGate:
             _release(held)
             return
         changes = self._table.take_changes()
+        try:
+            done = self._store.commit_now(changes)
+        except StoreError as exc:
+            self._fail(exc)
+            return
+        if done:
+            self.batches += 1
+            _release(held)
+            return
         self._inflight = asyncio.get_running_loop().create_task(self._commit(changes, held))
+
+    def _fail(self, exc: StoreError) -> None:
+        # Nothing more can be promised: hold every frame back and stop the broker.
+        self.failed = exc
+        log.critical("the store failed; stopping: %s", exc)
+        self._on_failure(exc)
 
     async def _commit(self, changes: Changes, held: list[tuple[Deliver, bytes]]) -> None:
         try:
             await self._store.commit(changes)
         except StoreError as exc:
-            # Nothing more can be promised: hold every frame back and stop the broker.
-            self.failed = exc
-            log.critical("the store failed; stopping: %s", exc)
-            self._on_failure(exc)
+            self._fail(exc)
             return
         finally:
             self._inflight = None

@@ -18,9 +18,9 @@ class StoreError(Exception):
 class Store(Protocol):
     """What the server needs from a store.
 
-    ``load`` once at start; then, when ``durable``, ``commit`` each batch of changes
-    (one call at a time, in order) and release the replies that depend on it when it
-    returns; ``close`` at the end.
+    ``load`` once at start; then, when ``durable``, ``commit_now`` or else ``commit``
+    each batch of changes (one call at a time, in order) and release the replies that
+    depend on it when it returns; ``close`` at the end.
     """
 
     name: str
@@ -39,6 +39,12 @@ class Store(Protocol):
         id_prefix: str | None = None,
     ) -> JobTable:
         """The table as last committed (a new empty one the first time). Raises StoreError."""
+        ...
+
+    def commit_now(self, changes: Changes) -> bool:
+        """Write ``changes`` here and now when this commit has nothing to wait for (no
+        fsync, no checkpoint), and return ``True``; else write nothing and return
+        ``False``: then call ``commit``. Raises StoreError."""
         ...
 
     async def commit(self, changes: Changes) -> None:

@@ -211,6 +211,16 @@ class SqliteStore:
 
     # -- writing --------------------------------------------------------------------------
 
+    def commit_now(self, changes: Changes) -> bool:
+        """``sync="normal"``: write ``changes`` here and now (see ``commit``), except the
+        commit whose turn it is to checkpoint, which ``commit`` takes to the writer
+        thread. ``full``: never; every commit waits for its fsync there."""
+        if not self.inline or self._since_checkpoint + 1 >= _CHECKPOINT_EVERY:
+            return False
+        self._since_checkpoint += 1
+        self.write(changes)
+        return True
+
     async def commit(self, changes: Changes) -> None:
         """Write one batch in one transaction; return when it is as durable as ``sync``
         makes it.

@@ -1,0 +1,53 @@
+"""A commit that fails mid-run: nothing it would have confirmed goes out, and the broker
+stops (broker/commit.py). Both ways a commit is made: at once on the event loop
+(``--sync normal``) and on the writer thread (``--sync full``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from broker import server
+from broker.config import Config
+from broker.engine import Changes
+from broker.server import running_broker
+from broker.store import StoreError
+
+WAIT = 5.0
+
+
+@pytest.mark.parametrize("sync", ["normal", "full"])
+async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
+    tmp_path: Path, sync: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[bytes] = []
+    write = server._Socket.write_text_frames
+
+    def logged(self: Any, outbox: Any, limit: int) -> None:
+        written.extend(outbox)
+        write(self, outbox, limit)
+
+    monkeypatch.setattr(server._Socket, "write_text_frames", logged)
+    config = Config(port=0, store="sqlite", db_path=str(tmp_path / "c.db"), sync=sync)
+    async with running_broker(config) as broker:
+        ws = await connect(broker.url)
+        request = {"op": "ping", "rid": 1}
+        await ws.send(orjson.dumps(request).decode())
+        assert orjson.loads(await asyncio.wait_for(ws.recv(), WAIT))["ok"] is True
+        written.clear()
+
+        def fail(changes: Changes) -> None:
+            raise StoreError("the disk is full")
+
+        monkeypatch.setattr(broker.store, "write", fail)
+        request = {"op": "enqueue", "rid": 2, "queue": "q", "payload": 1}
+        await ws.send(orjson.dumps(request).decode())
+        await asyncio.wait_for(broker.stopped.wait(), WAIT)
+        assert written == []  # the enqueue's reply never left
+        assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
+        await ws.close()
