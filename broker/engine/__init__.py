@@ -14,6 +14,7 @@ Exceptions::
 from ._errors import InvalidArgument, PayloadTooLarge
 from ._guards import queue_name as check_queue_name
 from ._table import (
+    CLAIM_FIELDS,
     QUEUE_FIELDS,
     ROW_FIELDS,
     UPDATE_FIELDS,
@@ -25,6 +26,7 @@ from ._table import (
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
 __all__ = [
+    "CLAIM_FIELDS",
     "QUEUE_FIELDS",
     "ROW_FIELDS",
     "UPDATE_FIELDS",

@@ -515,7 +515,7 @@ class Queue:
             row.deadline = now + row.visibility_timeout_s
             self._n_processing += 1
             self._push(self._leases, (row.deadline, row.seq, row))
-            self._table._touch(row)
+            self._table._touch_claim(row)
             handles.append(JobHandle(self, row))
         return handles
 
@@ -876,6 +876,9 @@ class JobTable:
         self._timing_dirty: set[Queue] = set()
         # Rows enqueued since the last take_changes(): a store has never seen them.
         self._journal_new: set[int] = set()
+        # Rows in the journal changed by claims only since the last take (their claim
+        # fields are all that changed).
+        self._journal_claims: set[int] = set()
         self._journal_queues: set[Queue] = set()
 
     # -- queues ---------------------------------------------------------------------------
@@ -1031,7 +1034,8 @@ class JobTable:
 
         A row enqueued since the last call comes whole, as a ``ROW_FIELDS`` tuple
         (``upserts``); a row the store already holds comes as an ``UPDATE_FIELDS`` tuple
-        (``updates``: only the fields a row's life changes, not its payload); a deleted
+        (``updates``: only the fields a row's life changes, not its payload), or as a
+        ``CLAIM_FIELDS`` tuple when claims are all that changed it (``claims``); a deleted
         row as its seq (``deleted``; a row enqueued and deleted since the last call comes
         not at all). Each changed queue comes as ``QUEUE_FIELDS``. Call it on the thread
         that uses the table: the tuples are snapshots, safe to hand to another thread
@@ -1041,23 +1045,31 @@ class JobTable:
         if journal is None:
             raise RuntimeError("take_changes() needs start_journal() first")
         new = self._journal_new
+        claimed = self._journal_claims
         upserts = []
         updates = []
+        claims = []
         deleted = []
         for seq, row in journal.items():
-            if row.state is None:
+            state = row.state
+            if state is None:
                 if seq not in new:
                     deleted.append(seq)
             elif seq in new:
                 upserts.append(_row_tuple(row))
+            elif seq in claimed:
+                claims.append(
+                    (state.value, row.attempts, row.worker_id, row.deadline, row.lease, seq)
+                )
             else:
                 updates.append(_update_tuple(row))
         queues = [_queue_tuple(queue) for queue in self._journal_queues]
         self._journal = {}
         self._journal_new = set()
+        self._journal_claims = set()
         self._journal_queues = set()
         meta = (self.id_prefix, self._seq, self._leases_issued)
-        return Changes(upserts, deleted, queues, meta, updates)
+        return Changes(upserts, deleted, queues, meta, updates, claims)
 
     def held_leases(self) -> list[tuple[str, str, str]]:
         """``(job id, lease, worker id)`` of every job under a valid lease now, in no order.
@@ -1147,7 +1159,18 @@ class JobTable:
         journal = self._journal
         if journal is not None:
             journal[row.seq] = row
+            self._journal_claims.discard(row.seq)
             self._journal_queues.add(row.queue)
+
+    def _touch_claim(self, row: _Row) -> None:
+        """``_touch`` for a claim, which changes only the ``CLAIM_FIELDS`` of a row and
+        no queue total: unless the row changed otherwise since the last take, the store
+        gets just those (most of a durable drain's writes are claims)."""
+        self._timing_dirty.add(row.queue)
+        journal = self._journal
+        if journal is not None and row.seq not in journal:
+            journal[row.seq] = row
+            self._journal_claims.add(row.seq)
 
     def _touch_queue(self, queue: Queue) -> None:
         self._timing_dirty.add(queue)
@@ -1255,6 +1278,9 @@ UPDATE_FIELDS = (
     "seq",
 )
 
+#: The order of a claims tuple of ``Changes``: the fields a claim sets, then the seq.
+CLAIM_FIELDS = ("state", "attempts", "worker_id", "deadline", "lease", "seq")
+
 #: The order of a queue tuple: its name, whether paused, and its running totals.
 QUEUE_FIELDS = (
     "name",
@@ -1276,6 +1302,7 @@ class Changes(NamedTuple):
     queues: list[tuple[Any, ...]]  # QUEUE_FIELDS tuples
     meta: tuple[str, int, int]  # id_prefix, last seq, leases issued
     updates: list[tuple[Any, ...]]  # UPDATE_FIELDS tuples
+    claims: list[tuple[Any, ...]]  # CLAIM_FIELDS tuples
 
 
 def _row_tuple(row: _Row) -> tuple[Any, ...]:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..engine import QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
+from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
 
 __all__ = ["SqliteStore"]
@@ -98,6 +98,10 @@ _UPSERT_JOB = (
 # A stored row's changing fields only: a claim or an ack does not rewrite the payload.
 _UPDATE_JOB = (
     f"UPDATE jobs SET {', '.join(f'{name} = ?' for name in UPDATE_FIELDS[:-1])} WHERE seq = ?"
+)
+# A claim's fields only (most of a drain's writes).
+_CLAIM_JOB = (
+    f"UPDATE jobs SET {', '.join(f'{name} = ?' for name in CLAIM_FIELDS[:-1])} WHERE seq = ?"
 )
 _UPSERT_QUEUE = (
     f"INSERT OR REPLACE INTO queues ({', '.join(QUEUE_FIELDS)}) "
@@ -266,6 +270,8 @@ class SqliteStore:
                     db.executemany(_UPSERT_JOB, changes.upserts)
                 if changes.updates:
                     db.executemany(_UPDATE_JOB, changes.updates)
+                if changes.claims:
+                    db.executemany(_CLAIM_JOB, changes.claims)
                 if changes.deleted:
                     db.executemany(
                         "DELETE FROM jobs WHERE seq = ?", [(s,) for s in changes.deleted]

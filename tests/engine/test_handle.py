@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from broker.engine import (
+    CLAIM_FIELDS,
     ROW_FIELDS,
     UPDATE_FIELDS,
     InvalidArgument,
@@ -449,16 +450,34 @@ def test_take_changes_sends_a_stored_row_only_its_changing_fields(clock: ManualC
     h = q.claim_one("w")
     assert h is not None and h.id == kept
     second = table.take_changes()
-    assert second.upserts == [] and second.deleted == []
-    [update] = second.updates
-    assert dict(zip(UPDATE_FIELDS, update, strict=True)) == {
+    assert second.upserts == [] and second.deleted == [] and second.updates == []
+    # Claimed and nothing else: the claim's fields only, and no queue (no total moved).
+    [claim] = second.claims
+    assert dict(zip(CLAIM_FIELDS, claim, strict=True)) == {
         "state": "processing",
         "attempts": 1,
-        "ready_at": START,
         "worker_id": "w",
         "deadline": h.deadline,
         "lease": h.lease,
-        "last_error": None,
+        "seq": 2,
+    }
+    assert second.queues == []
+    # Retried and claimed again since the last take: more than a claim's fields changed
+    # (the error, the ready time), so the row comes as a whole update.
+    assert h.retry("boom", delay_s=0)
+    h = q.claim_one("w")
+    assert h is not None and h.id == kept
+    third = table.take_changes()
+    assert third.claims == []
+    [update] = third.updates
+    assert dict(zip(UPDATE_FIELDS, update, strict=True)) == {
+        "state": "processing",
+        "attempts": 2,
+        "ready_at": clock.now,
+        "worker_id": "w",
+        "deadline": h.deadline,
+        "lease": h.lease,
+        "last_error": "boom",
         "died_at": None,
         "seq": 2,
     }
