@@ -1432,6 +1432,8 @@ def print_targets(results: Results, names: list[str], cost: dict[str, Any], pend
         ("conveyor-memory", ["beanstalkd"]),
         ("conveyor-sqlite", ["rabbitmq", "beanstalkd-binlog"]),
         ("conveyor-sqlite-normal", ["nats"]),
+        ("conveyor-memory-sdk", ["beanstalkd"]),  # what users run (--sdk-worker)
+        ("conveyor-sqlite-sdk", ["rabbitmq", "beanstalkd-binlog"]),
     ):
         r, p = best("enqueue", conv, among)
         line(f"enqueue: {conv} >= the best peer of its durability",
