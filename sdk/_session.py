@@ -208,6 +208,11 @@ class Session:
         if not jobs:
             return
         self._jobs, self._job_futures, self._job_bytes = [], [], 0
+        if self._fatal is not None:  # refused for good since these were made
+            for future in futures:
+                if not future.done():
+                    future.set_exception(self._fatal)
+            return
         rid, frame, request = self._register("enqueue_each", {"jobs": jobs}, True)
         request.add_done_callback(lambda done: self._answer(rid, done, futures))
         if self._ready:

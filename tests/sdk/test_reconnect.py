@@ -126,6 +126,30 @@ async def test_client_and_worker_reconnect_after_a_broker_restart(
     assert seen == ["before", "after"]
 
 
+async def test_enqueues_waiting_out_an_outage_fail_at_once_when_the_new_broker_refuses() -> None:
+    from sdk import Unauthorized
+    from sdk._wire import Role
+
+    async with running_broker(replace(BASE_CONFIG, tokens={"old": frozenset(Role)})) as first:
+        port = int(first.url.rsplit(":", 1)[1].split("/", 1)[0])
+        client = Client(first.url, token="old", connect_timeout=WAIT, request_timeout=60.0)
+        await client.__aenter__()
+    try:
+        # Made while no broker runs: they wait for the next one...
+        waiting = [asyncio.ensure_future(client.enqueue("q", i)) for i in range(3)]
+        new = replace(BASE_CONFIG, port=port, tokens={"new": frozenset(Role)})
+        async with running_broker(new):
+            # ...which refuses the token: each fails now, not at its 60 s timeout.
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(*waiting, return_exceptions=True), WAIT
+            )
+        assert all(isinstance(outcome, Unauthorized) for outcome in outcomes), outcomes
+        with pytest.raises(Unauthorized):  # and so does every later call
+            await client.enqueue("q", 3)
+    finally:
+        await client.aclose()
+
+
 async def test_a_call_during_an_outage_fails_after_the_request_timeout() -> None:
     async with running_broker(BASE_CONFIG) as broker:
         client = Client(broker.url, connect_timeout=WAIT, request_timeout=0.3)
