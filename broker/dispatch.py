@@ -92,6 +92,9 @@ class Dispatcher:
         self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
         self._dirty: set[str] = set()
         self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
+        # Every lease some subscription's window counts -> that subscription. A job's
+        # earlier, lapsed lease stays here (and takes its slot) until it is reported.
+        self._lease_owners: dict[str, Subscription] = {}
         # worker id -> (lease -> job id, grace timer) for workers whose connection ended
         self._orphans: dict[str, tuple[dict[str, str], asyncio.TimerHandle]] = {}
         self._pass_scheduled = False
@@ -125,6 +128,7 @@ class Dispatcher:
                 # The old connection is not known dead yet; it loses the job (and the slot).
                 previous[0].in_flight.pop(previous[1], None)
             sub.in_flight[lease] = job_id
+            self._lease_owners[lease] = sub
             self._holders[job_id] = (sub, lease)
             reattached.append(job_id)
             if orphans is not None:
@@ -150,6 +154,8 @@ class Dispatcher:
         for lease, job_id in sub.in_flight.items():
             if self._holders.get(job_id) == (sub, lease):
                 del self._holders[job_id]
+            if self._lease_owners.get(lease) is sub:
+                del self._lease_owners[lease]
             held[lease] = job_id
         sub.in_flight.clear()
         if held:
@@ -204,16 +210,22 @@ class Dispatcher:
                 self._set_hungry(each)
 
     def _free(self, sub: Subscription | None, job_id: str, lease: str) -> Subscription | None:
-        """Free the slot the lease took; returns whose it was (``None``: nobody's)."""
-        if sub is None or sub.in_flight.pop(lease, None) is None:
-            holder = self._holders.get(job_id)
-            if holder is None or holder[1] != lease:
-                return None
-            sub = holder[0]
-            sub.in_flight.pop(lease, None)
-        if self._holders.get(job_id) == (sub, lease):
+        """Free the slot the lease took; returns whose it was (``None``: nobody's).
+
+        The reporting connection's own lease frees its slot whatever job it names (the
+        report did not land); a lease another connection holds frees that one's slot
+        when the job matches too: the current lease, or an earlier one that lapsed.
+        """
+        owner = self._lease_owners.get(lease)
+        if owner is None:
+            return None
+        if owner is not sub and owner.in_flight.get(lease) != job_id:
+            return None
+        del self._lease_owners[lease]
+        owner.in_flight.pop(lease, None)
+        if self._holders.get(job_id) == (owner, lease):
             del self._holders[job_id]
-        return sub
+        return owner
 
     def cancelled(self, job_id: str) -> None:
         """The job was cancelled: tell its holder (if any) and free the holder's slot."""
@@ -222,6 +234,7 @@ class Dispatcher:
             return
         sub, lease = holder
         sub.in_flight.pop(lease, None)
+        self._lease_owners.pop(lease, None)
         sub.send(cancelled_push([job_id]))
         self._set_hungry(sub)
 
@@ -317,8 +330,10 @@ class Dispatcher:
     def _give(
         self, sub: Subscription, handles: list[JobHandle], out: dict[Subscription, list[JobHandle]]
     ) -> None:
+        owners = self._lease_owners
         for handle in handles:
             sub.in_flight[handle.lease] = handle.id
+            owners[handle.lease] = sub
             self._holders[handle.id] = (sub, handle.lease)
         out.setdefault(sub, []).extend(handles)
 

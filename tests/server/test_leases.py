@@ -40,6 +40,32 @@ async def jobs_held_back(worker: RawClient) -> list[dict[str, Any]]:
     return held
 
 
+async def test_a_late_report_made_on_another_connection_frees_the_slot_of_the_lapsed_lease(
+    client: ClientFactory,
+) -> None:
+    publisher = await client()
+    w1 = await client()
+    await w1.call("subscribe", worker_id="w1", queues=["q"], prefetch=1)
+    job_id = (await publisher.call("enqueue", queue="q", payload="slow", visibility_timeout_s=0.3))[
+        "id"
+    ]
+    [first] = await w1.jobs(1)
+    w2 = await client()
+    await w2.call("subscribe", worker_id="w2", queues=["q"], prefetch=1)
+    [second] = await w2.jobs(1, timeout=0.3 + SOON + 1.0)  # the lease lapsed: w2 has it now
+    assert second["id"] == job_id
+    waiting = (await publisher.call("enqueue", queue="q", payload="next"))["id"]
+    assert await jobs_held_back(w1) == []  # w1's slot is still taken by its lapsed lease
+
+    # w1's late ack comes on another connection (the lease is the credential): it does
+    # not land, and it frees the slot that lease took on w1, as it would on w1's own.
+    reporter = await client()
+    assert (await reporter.call("ack", id=job_id, lease=first["lease"]))["landed"] is False
+    [job] = await w1.jobs(1)
+    assert job["id"] == waiting
+    assert (await w2.call("ack", id=job_id, lease=second["lease"]))["landed"] is True
+
+
 async def test_a_lapsed_lease_goes_to_another_worker_and_the_late_ack_does_not_land(
     client: ClientFactory,
 ) -> None:
