@@ -449,6 +449,8 @@ async def test_fuzzed_frames_never_break_the_broker(broker: Broker, no_errors_lo
                     assert reply["error"]["code"] in CODES, reply
                 elif reply["rid"] == END:
                     break
+                for result in reply.get("results", []):  # enqueue_each: each job's own
+                    assert "id" in result or result["error"]["code"] in CODES, reply
         except ConnectionClosed:
             # Garbage (1008) or a frame over the limit (1009); never an internal error.
             assert ws.close_code in {1008, 1009}, ws.close_code
