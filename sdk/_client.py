@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -53,7 +54,15 @@ def _payload(value: Any, field: str) -> Any:
 
 
 def _options(**options: Any) -> dict[str, Any]:
-    return {name: value for name, value in options.items() if value is not None}
+    return {name: _finite(name, value) for name, value in options.items() if value is not None}
+
+
+def _finite(name: str, value: Any) -> Any:
+    """``value``, unless it is a float JSON cannot hold: a NaN or an infinity would go out
+    as ``null`` (orjson's way), which the broker reads as "not set"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"{name}: must be a finite number, got {value}", field=name)
+    return value
 
 
 class _AutoKeys:
@@ -191,17 +200,17 @@ class Client:
         }
         # (Set one by one, not through _options: this is a busy publisher's every call.)
         if delay_s is not None:
-            job["delay_s"] = delay_s
+            job["delay_s"] = _finite("delay_s", delay_s)
         if run_at is not None:
-            job["run_at"] = run_at
+            job["run_at"] = _finite("run_at", run_at)
         if expires_s is not None:
-            job["expires_s"] = expires_s
+            job["expires_s"] = _finite("expires_s", expires_s)
         if visibility_timeout_s is not None:
-            job["visibility_timeout_s"] = visibility_timeout_s
+            job["visibility_timeout_s"] = _finite("visibility_timeout_s", visibility_timeout_s)
         if max_attempts is not None:
             job["max_attempts"] = max_attempts
         if backoff_base_s is not None:
-            job["backoff_base_s"] = backoff_base_s
+            job["backoff_base_s"] = _finite("backoff_base_s", backoff_base_s)
         if len(encoded) > EACH_BYTES:
             # A large payload goes alone, as plain `enqueue`: its frame stays as small as
             # it can be under the broker's frame limit.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
+from typing import Any
 
 import pytest
 
@@ -252,6 +254,13 @@ async def test_payloads_json_cannot_hold_are_refused_before_sending(
     assert caught.value.field == "jobs[1].payload"
     with pytest.raises(InvalidArgument):
         await client.enqueue("nan", {1, 2})
+    # An option JSON cannot hold would go out as null, "not set": refused by name instead.
+    with pytest.raises(InvalidArgument) as caught:
+        await client.enqueue("nan", 1, delay_s=float("inf"))
+    assert caught.value.field == "delay_s"
+    with pytest.raises(InvalidArgument) as caught:
+        await client.enqueue_many("nan", [1], visibility_timeout_s=float("nan"))
+    assert caught.value.field == "visibility_timeout_s"
     assert probe.handled("enqueue") == probe.handled("enqueue_batch") == []
 
 
@@ -349,6 +358,46 @@ async def test_concurrent_enqueues_share_frames_and_a_bad_one_fails_alone(
     assert stored["totals"]["enqueued"] == len(good)
     infos = await asyncio.gather(*(client.get_job(str(job_id)) for job_id in ids))
     assert [info.payload for info in infos if info is not None] == good
+
+
+async def test_a_shared_frame_answers_each_enqueue_as_a_frame_of_its_own_would(
+    client: Client,
+) -> None:
+    rng = random.Random(7)
+    choices: dict[str, list[Any]] = {
+        "priority": [0, 3, -5, 2**31, True, 1.5],
+        "delay_s": [None, 0, 2.5, -1, 1e300],
+        "max_attempts": [None, 1, 5, 0, "3"],
+        "visibility_timeout_s": [None, 30, 0, -2],
+        "backoff_base_s": [None, 1, 10**6],
+        "expires_s": [None, 60, 0],
+    }
+    cases = []
+    for i in range(80):
+        queue = rng.choice(["mixed", "mixed", "other", "bad name!", "x" * 129])
+        options = {name: rng.choice(values) for name, values in choices.items()}
+        payload = {"i": i} if rng.random() < 0.9 else "x" * 3000
+        cases.append((queue, payload, options))
+
+    def outcome(result: Any) -> Any:
+        if isinstance(result, ConveyorError):
+            return (type(result), result.code, result.field, str(result))
+        assert isinstance(result, str), result
+        return "stored"
+
+    shared = await asyncio.gather(
+        *(client.enqueue(q, p, **o) for q, p, o in cases), return_exceptions=True
+    )
+    alone = []
+    for queue, payload, options in cases:
+        fields = {k: v for k, v in options.items() if v is not None}
+        try:
+            reply = await client._call("enqueue", queue=queue, payload=payload, **fields)
+            alone.append(outcome(reply["id"]))
+        except ConveyorError as exc:
+            alone.append(outcome(exc))
+    assert [outcome(r) for r in shared] == alone
+    assert "stored" in alone and len(set(alone)) > 5  # the cases did mix outcomes
 
 
 async def test_shared_frames_stay_small_and_a_large_payload_goes_alone(
