@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from ._errors import InvalidArgument
 
 __all__ = ["Fail", "Job", "JobInfo", "Retry"]
 
@@ -67,6 +70,18 @@ class Retry(Exception):
     """Raise from a handler to retry the job: after ``delay_s``, or the broker's curve."""
 
     def __init__(self, delay_s: float | None = None, error: str | None = None) -> None:
+        """Raises ``InvalidArgument`` for a ``delay_s`` that is not a finite number >= 0
+        (an infinity would reach the broker as "no delay given"); the worker then retries
+        the job on the queue's curve with that error as the job's error."""
+        if delay_s is not None and (
+            isinstance(delay_s, bool)
+            or not isinstance(delay_s, int | float)
+            or not math.isfinite(delay_s)
+            or delay_s < 0
+        ):
+            raise InvalidArgument(
+                f"delay_s: must be a finite number >= 0, got {delay_s!r}", field="delay_s"
+            )
         super().__init__(error or "retry")
         self.delay_s = delay_s
         self.error = error

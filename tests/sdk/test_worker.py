@@ -143,6 +143,26 @@ async def test_retry_without_a_delay_follows_the_queue_backoff(
     assert starts[1][1] - retry.at >= 0.02
 
 
+@pytest.mark.parametrize("delay_s", [float("inf"), float("nan"), -1.0, True, "5"])
+async def test_a_retry_with_a_bad_delay_retries_on_the_curve_with_the_error_said(
+    broker: Broker, client: Client, probe: Probe, delay_s: Any
+) -> None:
+    worker = make_worker(broker, "baddelay")
+
+    @worker.handler("baddelay")
+    async def handle(job: Job) -> None:
+        if job.attempt == 1:
+            raise Retry(delay_s=delay_s)
+
+    async with running(worker, probe):
+        job_id = await client.enqueue("baddelay", {}, backoff_base_s=0.01)
+        retry = await probe.report("retry", job_id)
+        # Not "no delay given", which an infinity would have become on the wire.
+        assert "delay_s" not in retry.fields or retry.fields["delay_s"] is None
+        assert retry.fields["error"].startswith("InvalidArgument: delay_s: must be a finite")
+        assert (await probe.report("ack", job_id)).result == {"landed": True}
+
+
 async def test_fail_dead_letters_the_job_at_once(
     broker: Broker, client: Client, probe: Probe
 ) -> None:
