@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HANDLERS"]
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger("conveyor")
 
 Result = dict[str, Any] | None
 Handler = Callable[["Connection", dict[str, Any]], Result]
