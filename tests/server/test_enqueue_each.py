@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from broker.engine import Queue
+
 from .conftest import BOTH_STORES, ClientFactory, with_config
 
 pytestmark = BOTH_STORES
@@ -99,3 +103,25 @@ async def test_jobs_may_go_to_several_queues_with_their_own_options(
 async def test_an_empty_frame_is_answered_with_no_results(client: ClientFactory) -> None:
     publisher = await client()
     assert (await publisher.call("enqueue_each", jobs=[]))["results"] == []
+
+
+async def test_our_bug_in_one_job_answers_internal_for_it_alone(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    enqueue = Queue.enqueue
+
+    def flaky(self: Queue, payload: Any, **options: Any) -> str:
+        if payload.data == b'"boom"':
+            raise RuntimeError("a bug of ours")
+        return enqueue(self, payload, **options)
+
+    monkeypatch.setattr(Queue, "enqueue", flaky)
+    publisher = await client()
+    jobs = [{"queue": "bug", "payload": p} for p in ("a", "boom", "b")]
+    results = (await publisher.call("enqueue_each", jobs=jobs))["results"]
+    assert "id" in results[0] and "id" in results[2]
+    # The peer learns nothing of the bug but that it was ours; the log has it whole.
+    assert results[1] == {"error": {"code": "internal", "message": "internal error", "field": None}}
+    assert "a bug of ours" in caplog.text
+    stats = (await publisher.call("stats", queue="bug"))["queues"]["bug"]
+    assert stats["totals"]["enqueued"] == 2
