@@ -133,6 +133,9 @@ class Session:
         self._job_futures: list[asyncio.Future[tuple[int, dict[str, Any]]]] = []
         self._job_bytes = 0
         self._ship_scheduled = False
+        # False once a broker answered enqueue_each with unknown_op (one older than the
+        # op): enqueues then go one by one, as plain enqueue.
+        self._each = True
 
     # -- requests -------------------------------------------------------------------------
 
@@ -178,10 +181,15 @@ class Session:
         loop iteration (a publisher's concurrent tasks, a ``SyncClient``'s threads) go
         out together, in the order made, as ``enqueue_each`` frames; each gets its own
         answer, so one refused job fails alone. Resent after a reconnect and timed out
-        like ``request`` (the key makes a resend store the job once).
+        like ``request`` (the key makes a resend store the job once). A broker older than
+        ``enqueue_each`` answers it ``unknown_op``: then this and every later enqueue go
+        as plain ``enqueue``.
         """
         if self._fatal is not None:
             raise self._fatal
+        if not self._each:
+            job_id: str = (await self.request("enqueue", job))["id"]
+            return job_id
         loop = asyncio.get_running_loop()
         future: asyncio.Future[tuple[int, dict[str, Any]]] = loop.create_future()
         if self._jobs and self._job_bytes + size > EACH_BYTES:
@@ -195,10 +203,13 @@ class Session:
             self._ship_scheduled = True
             loop.call_soon(self._ship)
         index, answer = await future
+        if index < 0:  # the broker has no enqueue_each (see _answer): this one alone
+            job_id = (await self.request("enqueue", job))["id"]
+            return job_id
         error = answer.get("error")
         if error is not None:
             raise error_from_reply(_unnest(error, f"jobs[{index}]."))
-        job_id: str = answer["id"]
+        job_id = answer["id"]
         return job_id
 
     def _ship(self) -> None:
@@ -250,6 +261,12 @@ class Session:
                         future.set_result((index, answer))
                 return
             failure = error_from_reply(reply.get("error") or {"message": "enqueue_each: bad reply"})
+            if failure.code == "unknown_op":  # a broker older than the op: nothing stored
+                self._each = False
+                for future in futures:
+                    if not future.done():
+                        future.set_result((-1, {}))
+                return
         for future in futures:
             if not future.done():
                 future.set_exception(failure)

@@ -400,6 +400,34 @@ async def test_a_shared_frame_answers_each_enqueue_as_a_frame_of_its_own_would(
     assert "stored" in alone and len(set(alone)) > 5  # the cases did mix outcomes
 
 
+async def test_a_broker_without_enqueue_each_gets_plain_enqueues() -> None:
+    import orjson
+    from websockets.asyncio.server import ServerConnection, serve
+
+    ops: list[str] = []
+
+    async def older(ws: ServerConnection) -> None:  # a broker from before enqueue_each
+        async for message in ws:
+            frame = orjson.loads(message)
+            ops.append(frame["op"])
+            if frame["op"] == "enqueue_each":
+                error = {"code": "unknown_op", "message": "op: unknown op", "field": "op"}
+                reply = {"rid": frame["rid"], "ok": False, "error": error}
+            elif frame["op"] == "enqueue":
+                reply = {"rid": frame["rid"], "ok": True, "id": f"id-{frame['payload']}"}
+            else:
+                reply = {"rid": frame["rid"], "ok": True}
+            await ws.send(orjson.dumps(reply).decode())
+
+    async with serve(older, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        async with Client(f"ws://127.0.0.1:{port}/ws", connect_timeout=WAIT) as old:
+            first = await asyncio.gather(*(old.enqueue("q", i) for i in range(3)))
+            later = await old.enqueue("q", 3)
+    assert first == ["id-0", "id-1", "id-2"] and later == "id-3"
+    assert ops == ["hello", "enqueue_each", "enqueue", "enqueue", "enqueue", "enqueue"]
+
+
 async def test_shared_frames_stay_small_and_a_large_payload_goes_alone(
     client: Client, probe: Probe
 ) -> None:
