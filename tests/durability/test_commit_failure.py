@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from broker import server
 from broker.config import Config
 from broker.engine import Changes
 from broker.server import running_broker
 from broker.store import StoreError
+
+from ..server.conftest import record_writes
 
 WAIT = 5.0
 
@@ -25,14 +25,7 @@ WAIT = 5.0
 async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
     tmp_path: Path, sync: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    written: list[bytes] = []
-    write = server._Socket.write_text_frames
-
-    def logged(self: Any, outbox: Any, limit: int) -> None:
-        written.extend(outbox)
-        write(self, outbox, limit)
-
-    monkeypatch.setattr(server._Socket, "write_text_frames", logged)
+    written = record_writes(monkeypatch)
     config = Config(port=0, store="sqlite", db_path=str(tmp_path / "c.db"), sync=sync)
     async with running_broker(config) as broker:
         ws = await connect(broker.url)

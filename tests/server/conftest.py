@@ -18,6 +18,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
+from broker import server
 from broker.config import Config
 from broker.server import Broker, running_broker
 
@@ -152,3 +153,18 @@ async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
 def with_config(**changes: Any) -> Any:
     """Change the broker's settings for one test: ``@with_config(max_prefetch=4)``."""
     return pytest.mark.parametrize("config_changes", [changes])
+
+
+def record_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every frame the brokers' connections write from now on, in the order written (the
+    broker's own write path, ``_Socket.write_text_frames``)."""
+    written: list[bytes] = []
+    write = server._Socket.write_text_frames
+
+    def recording(self: Any, outbox: Any, limit: int) -> None:
+        queued = list(outbox)
+        write(self, outbox, limit)
+        written.extend(queued[: len(queued) - len(outbox)])  # what this call took
+
+    monkeypatch.setattr(server._Socket, "write_text_frames", recording)
+    return written
