@@ -153,8 +153,8 @@ def enqueue_each(conn: Connection, f: dict[str, Any]) -> Result:
                     key=job["key"],
                 )
             except InvalidArgument as exc:  # a bad queue name, an option out of range
-                nested = exc.within(f"jobs[{i}]")
-                raise WireError(ErrorCode(exc.code), str(nested), nested.field) from None
+                error = WireError(ErrorCode(exc.code), str(exc), exc.field)
+                raise _within(error, f"jobs[{i}]") from None
             except WireError as exc:  # the payload: its path is made only when it failed
                 raise _within(exc, f"jobs[{i}]") from None
         except WireError as exc:
