@@ -229,12 +229,10 @@ class Dispatcher:
 
     def cancelled(self, job_id: str) -> None:
         """The job was cancelled: tell its holder (if any) and free the holder's slot."""
-        holder = self._holders.pop(job_id, None)
-        if holder is None:
+        holder = self._holders.get(job_id)
+        sub = None if holder is None else self._free(holder[0], job_id, holder[1])
+        if sub is None:
             return
-        sub, lease = holder
-        sub.in_flight.pop(lease, None)
-        self._lease_owners.pop(lease, None)
         sub.send(cancelled_push([job_id]))
         self._set_hungry(sub)
 
