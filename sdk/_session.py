@@ -61,6 +61,11 @@ class _Socket(ClientConnection):
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
 
+    @property
+    def writable(self) -> bool:
+        """Whether a write now goes straight out: open, and the transport not pushing back."""
+        return not self.paused and self.protocol.state is State.OPEN
+
     def write_texts(self, texts: list[bytes]) -> None:
         """Write ``texts`` as text frames, in one piece; call only while the socket is
         open. What websockets itself queued (a pong) goes first, so the order holds."""
@@ -228,13 +233,7 @@ class Session:
         request.add_done_callback(lambda done: self._answer(rid, done, futures))
         if self._ready:
             ws = self._ws
-            if (
-                ws is not None
-                and not self._writing
-                and not self._out
-                and not ws.paused
-                and ws.protocol.state is State.OPEN
-            ):
+            if ws is not None and not self._writing and not self._out and ws.writable:
                 ws.write_texts([frame])  # nothing queued before it: no need to wait
             else:
                 asyncio.get_running_loop().create_task(self._send(frame))
@@ -288,7 +287,7 @@ class Session:
             return  # sent when the next socket is ready
         out = self._out
         out.append(frame)
-        if len(out) >= _FLUSH_AT and not ws.paused and ws.protocol.state is State.OPEN:
+        if len(out) >= _FLUSH_AT and ws.writable:
             # Enough for one write: send it now rather than at the end of the iteration,
             # so the broker works on these while we make the rest. (Sending everything at
             # the end had a publisher and the broker take turns, each idle half the time.)
