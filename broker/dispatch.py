@@ -102,7 +102,7 @@ class Dispatcher:
         self._timer_at: float | None = None
         self.pushed = 0  # jobs pushed since start (for metrics)
         self.after_pass: Callable[[], None] | None = None  # the commit gate's poke
-        self.push_latency: Callable[[float], None] | None = None
+        self.push_latency: Callable[[list[float]], None] | None = None
         # Push a full window in frames of half the prefetch (see _push).
         self.split_windows = True
 
@@ -356,14 +356,14 @@ class Dispatcher:
         halves only double the commits per window (the single-worker drain on
         ``--sync full`` fell from ~30k to ~21k jobs/s): the broker then turns it off.
         """
-        now = self._clock()
         observe = self.push_latency
+        if observe is not None:
+            now = self._clock()
+            observe([now - handle.ready_since for handle in handles])
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
         size = 0
         for handle in handles:
-            if observe is not None:
-                observe(now - handle.ready_since)
             frame.append(pushed_job(handle))
             size += len(handle.payload_json)
             if size >= _FRAME_PAYLOAD_BUDGET or len(frame) >= per_frame:

@@ -109,7 +109,7 @@ class Broker:
             workers=lambda: len(self.dispatcher.subscriptions),
             connections=lambda: len(self.connections),
         )
-        self.dispatcher.push_latency = self.metrics.push_latency.observe
+        self.dispatcher.push_latency = self.metrics.push_latency.observe_many
         self.static = StaticFiles()
         self.connections: set[Connection] = set()
         self.per_token: dict[str, int] = {}

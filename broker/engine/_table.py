@@ -141,7 +141,22 @@ class JobHandle:
     then; they raise ``InvalidArgument`` only for a bad argument.
     """
 
-    __slots__ = ("_job", "_queue", "_row", "_was", "attempt", "deadline", "id", "lease")
+    __slots__ = (
+        "_job",
+        "_queue",
+        "_row",
+        "_was",
+        "attempt",
+        "deadline",
+        "id",
+        "lease",
+        "max_attempts",
+        "payload_json",
+        "priority",
+        "queue",
+        "ready_since",
+        "visibility_timeout_s",
+    )
 
     def __init__(self, queue: Queue, row: _Row) -> None:
         self._queue = queue
@@ -154,37 +169,15 @@ class JobHandle:
         self.deadline: float = row.deadline
         # What a later retry, fail or redrive may change and the snapshot must not see.
         self._was = (row.worker_id, row.ready_at, row.last_error, row.died_at)
-
-    # A row's payload and options never change, so the handle reads them off the row.
-
-    @property
-    def queue(self) -> str:
-        return self._queue.name
-
-    @property
-    def payload_json(self) -> bytes:
-        return self._row.payload
-
-    @property
-    def priority(self) -> int:
-        return self._row.priority
-
-    @property
-    def max_attempts(self) -> int:
-        return self._row.max_attempts
-
-    @property
-    def visibility_timeout_s(self) -> float:
-        return self._row.visibility_timeout_s
-
-    @property
-    def enqueued_at(self) -> float:
-        return self._row.enqueued_at
-
-    @property
-    def ready_since(self) -> float:
-        """When the job became claimable for this claim (its ready time, or its enqueue)."""
-        return max(self._was[1], self._row.enqueued_at)
+        # Plain attributes, not properties reading the row: every push reads each of
+        # them once, and a property call costs several attribute reads.
+        self.queue: str = queue.name
+        self.payload_json: bytes = row.payload
+        self.priority: int = row.priority
+        self.max_attempts: int = row.max_attempts
+        self.visibility_timeout_s: float = row.visibility_timeout_s
+        #: When the job became claimable for this claim (its ready time, or its enqueue).
+        self.ready_since: float = max(row.ready_at, row.enqueued_at)
 
     @property
     def job(self) -> Job:
@@ -481,7 +474,9 @@ class Queue:
         now = self._table._now()
         self._advance(now)
         handles: list[JobHandle] = []
-        ready, fresh = self._ready, self._fresh
+        ready, fresh, leases = self._ready, self._fresh, self._leases
+        table = self._table
+        journal = table._journal
         while len(handles) < n:
             # The next row in contract order: the heap's top or a fresh line's head.
             entry = ready.top()
@@ -511,12 +506,16 @@ class Queue:
             row.state = PROCESSING
             row.attempts += 1
             row.worker_id = worker_id
-            row.lease = self._table._next_lease()
-            row.deadline = now + row.visibility_timeout_s
+            row.lease = table._next_lease()
+            row.deadline = deadline = now + row.visibility_timeout_s
             self._n_processing += 1
-            self._push(self._leases, (row.deadline, row.seq, row))
-            self._table._touch_claim(row)
+            leases.push((deadline, row.seq, row))
+            row._heap = leases
+            if journal is not None:
+                table._journal_claim(row)
             handles.append(JobHandle(self, row))
+        if handles:
+            table._timing_dirty.add(self)
         return handles
 
     # -- lease operations -----------------------------------------------------------------
@@ -1162,13 +1161,14 @@ class JobTable:
             self._journal_claims.discard(row.seq)
             self._journal_queues.add(row.queue)
 
-    def _touch_claim(self, row: _Row) -> None:
+    def _journal_claim(self, row: _Row) -> None:
         """``_touch`` for a claim, which changes only the ``CLAIM_FIELDS`` of a row and
         no queue total: unless the row changed otherwise since the last take, the store
-        gets just those (most of a durable drain's writes are claims)."""
-        self._timing_dirty.add(row.queue)
+        gets just those (most of a durable drain's writes are claims). The caller, which
+        has a journal, marks the queue's timing once for all its claims."""
         journal = self._journal
-        if journal is not None and row.seq not in journal:
+        assert journal is not None
+        if row.seq not in journal:
             journal[row.seq] = row
             self._journal_claims.add(row.seq)
 

@@ -337,10 +337,16 @@ def test_a_built_wheel_ships_the_dashboard_files(tmp_path: Path) -> None:
     assert digests == {"/": digest("index.html"), **{"/" + n: digest(n) for n in served}}
 
 
-def test_push_latency_histogram_buckets_are_cumulative_and_inclusive() -> None:
+@pytest.mark.parametrize("many", [False, True], ids=["observe", "observe_many"])
+def test_push_latency_histogram_buckets_are_cumulative_and_inclusive(many: bool) -> None:
     hist = LatencyHistogram(buckets=(0.001, 0.01))
-    for seconds in (-0.5, 0.0005, 0.001, 0.002, 0.01, 3.0):
-        hist.observe(seconds)
+    values = (-0.5, 0.0005, 0.001, 0.002, 0.01, 3.0)
+    if many:  # what the dispatcher calls, once per push
+        hist.observe_many(values[:2])
+        hist.observe_many(values[2:])
+    else:
+        for seconds in values:
+            hist.observe(seconds)
     [family] = hist.collect()
     got = {(s.name, s.labels.get("le")): s.value for s in family.samples}
     # "le" is inclusive: 0.001 counts in the 0.001 bucket; a negative time counts as 0.
