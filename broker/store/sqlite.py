@@ -262,13 +262,25 @@ class SqliteStore:
         On Linux an fsync writes out the file whatever descriptor it is called on, so a
         descriptor of our own does what SQLite's ``synchronous=FULL`` does at a commit.
         SQLite keeps the WAL file (the same inode) while its connection is open; it is
-        only truncated, after checkpoints. An fsync error is fatal: the pages it failed
-        to write may be dropped from the page cache, so a later fsync that succeeds
-        would prove nothing.
+        only truncated, after checkpoints. The first call also fsyncs the directory, so
+        that the WAL's own entry in it survives a power loss (SQLite does this at the
+        first sync of a WAL it created, which with ``synchronous=NORMAL`` comes only at
+        the first checkpoint). An fsync error is fatal: the pages it failed to write may
+        be dropped from the page cache, so a later fsync that succeeds would prove nothing.
         """
         try:
             if self._wal_fd is None:
-                self._wal_fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.fsync(directory)
+                    finally:
+                        os.close(directory)
+                except OSError:
+                    os.close(fd)
+                    raise
+                self._wal_fd = fd
             os.fdatasync(self._wal_fd)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot fsync the WAL: {exc}") from None

@@ -35,8 +35,16 @@ async def test_every_commit_returns_after_an_fsync_of_the_wal_on_the_writer_thre
         fdatasync(fd)
         events.append(("fsync", threading.current_thread().name, os.fstat(fd).st_ino))
 
+    fsynced: list[int] = []
+    fsync = os.fsync
+
+    def spy_fsync(fd: int) -> None:
+        fsync(fd)
+        fsynced.append(os.fstat(fd).st_ino)
+
     store.write = spy_write  # type: ignore[method-assign]
     monkeypatch.setattr(os, "fdatasync", spy_fdatasync)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
     every = sqlite_store._CHECKPOINT_EVERY
     commits = every + 5
     try:
@@ -56,6 +64,8 @@ async def test_every_commit_returns_after_an_fsync_of_the_wal_on_the_writer_thre
     assert len(writes) == len(syncs) == commits
     # Every fsync was of the WAL file, off the event loop's thread.
     assert {inode for _, inode in syncs} == {wal_inode}
+    # ... and the directory that holds it was fsynced once, so the WAL's entry survives.
+    assert fsynced == [os.stat(tmp_path).st_ino]
     assert all(thread.startswith("conveyor-sqlite") for thread, _ in syncs)
     # The writes ran here, except the one whose turn it was to checkpoint.
     assert writes.count(loop_thread) == commits - 1
