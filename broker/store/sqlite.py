@@ -128,9 +128,8 @@ class SqliteStore:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
         self._lock = threading.Lock()
         self.commits = 0  # transactions written (for metrics)
-        # sync="normal": commits on the caller's thread, checkpoints on the writer's.
-        self.inline = sync == "normal"
-        self.slow_commits = not self.inline
+        # sync="full": every commit waits for an fsync of the WAL on the writer thread.
+        self.slow_commits = sync == "full"
         self._since_checkpoint = 0
         self._wal_fd: int | None = None  # sync="full": the WAL, opened at the first fsync
         self.syncs = 0  # WAL fsyncs made by the store (for tests)
@@ -227,7 +226,7 @@ class SqliteStore:
         """``sync="normal"``: write ``changes`` here and now (see ``commit``), except the
         commit whose turn it is to checkpoint, which ``commit`` takes to the writer
         thread. ``full``: never; every commit waits for its fsync there."""
-        if not self.inline or self._since_checkpoint + 1 >= _CHECKPOINT_EVERY:
+        if self.slow_commits or self._since_checkpoint + 1 >= _CHECKPOINT_EVERY:
             return False
         self._since_checkpoint += 1
         self.write(changes)
@@ -253,7 +252,7 @@ class SqliteStore:
             await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
             return
         self.write(changes)
-        if not self.inline:
+        if self.slow_commits:
             await loop.run_in_executor(self._writer, self._sync_wal)
 
     def _sync_wal(self) -> None:
@@ -288,7 +287,7 @@ class SqliteStore:
 
     def _write_and_checkpoint(self, changes: Changes) -> None:
         self.write(changes)
-        if not self.inline:
+        if self.slow_commits:
             self._sync_wal()  # the checkpoint below fsyncs only if it copies anything
         db = self._db
         assert db is not None
