@@ -509,8 +509,7 @@ class Queue:
             row.lease = table._next_lease()
             row.deadline = deadline = now + row.visibility_timeout_s
             self._n_processing += 1
-            leases.push((deadline, row.seq, row))
-            row._heap = leases
+            self._push(leases, (deadline, row.seq, row))
             if journal is not None:
                 table._journal_claim(row)
             handles.append(JobHandle(self, row))
