@@ -53,6 +53,7 @@ class CommitGate:
         self._scheduled = False
         self._inflight: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
+        self._bound_loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # commits made (for metrics)
 
     def hold(self, deliver: Deliver, data: bytes) -> None:
@@ -75,10 +76,18 @@ class CommitGate:
             if self.failed is not None:
                 return
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        # The running loop, cached: asyncio.get_running_loop() makes a getpid() system
+        # call (CPython's fork check), once per frame held here.
+        loop = self._bound_loop
+        if loop is None:
+            loop = self._bound_loop = asyncio.get_running_loop()
+        return loop
+
     def _schedule(self) -> None:
         if not self._scheduled and self._inflight is None:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop().call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -100,7 +109,7 @@ class CommitGate:
             self.batches += 1
             _release(held)
             return
-        self._inflight = asyncio.get_running_loop().create_task(self._commit(changes, held))
+        self._inflight = self._loop().create_task(self._commit(changes, held))
 
     def _fail(self, exc: StoreError) -> None:
         # Nothing more can be promised: hold every frame back and stop the broker.
