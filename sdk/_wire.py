@@ -432,6 +432,31 @@ class Kind(StrEnum):
     OBJECTS = "array of objects"
 
 
+_ABSENT: Any = object()
+
+
+class _Shape:
+    """A tuple of fields, prepared for :func:`_fast_object`: the dict it starts from (every
+    field in order, at its default), which of those defaults are lists to copy, the fields
+    by name, and the names that must be present.
+
+    Most optional fields of a request are absent (an enqueue sets two of its ten), so the
+    fast check copies this template and looks only at the names the object holds.
+    """
+
+    __slots__ = ("by_name", "list_defaults", "required", "template")
+
+    def __init__(self, fields: tuple[Field, ...]) -> None:
+        self.by_name = {f.name: f for f in fields}
+        # A required field starts as _ABSENT; it must be present and not null, which the
+        # check proves before it returns, so no _ABSENT is ever handed out.
+        self.template = {f.name: _ABSENT if f.required else f.default for f in fields}
+        self.list_defaults = tuple(
+            (f.name, f.default) for f in fields if not f.required and type(f.default) is tuple
+        )
+        self.required = frozenset(f.name for f in fields if f.required)
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One field of a request (or of an object inside an ``OBJECTS`` field).
@@ -460,9 +485,12 @@ class Field:
     # OBJECTS whose entries are exactly two required strings (``{id, lease}``): their
     # names, for a shorter check of the batches every worker sends (acks, heartbeats).
     string_pair: tuple[str, str] | None = field(init=False, repr=False, compare=False)
+    # OBJECTS: what the fast check of an entry needs, computed once (see _Shape).
+    item_shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "item_names", frozenset(f.name for f in self.items))
+        object.__setattr__(self, "item_shape", _Shape(self.items))
         pair = None
         if len(self.items) == 2 and all(
             f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items
@@ -480,9 +508,11 @@ class OpSpec:
     roles: frozenset[Role]
     fields: tuple[Field, ...]
     by_name: Mapping[str, Field] = field(init=False, repr=False, compare=False)
+    shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "by_name", MappingProxyType({f.name: f for f in self.fields}))
+        object.__setattr__(self, "shape", _Shape(self.fields))
 
     def allows(self, roles: Collection[Role]) -> bool:
         """Whether a connection holding ``roles`` may call this op."""
@@ -679,7 +709,7 @@ def validate_fields(
                 rid=rid,
             )
     try:
-        return _fast_object(spec.fields, frame, max_batch)
+        return _fast_object(spec.shape, frame, max_batch)
     except _Explain:
         pass
     try:
@@ -694,27 +724,29 @@ class _Explain(Exception):
     """The fast check met something it does not accept: the full check says what."""
 
 
-def _fast_object(
-    fields: tuple[Field, ...], obj: Mapping[str, Any], max_batch: int | None
-) -> dict[str, Any]:
+def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -> dict[str, Any]:
     """:func:`_check_object` for the frames that pass, without building error paths.
 
     Every request goes through here first; a frame with any fault raises ``_Explain``
     and is checked again by :func:`_check_object`, which names the field. It accepts
     exactly what that accepts for the types a JSON decoder makes (anything unusual,
-    such as a ``str`` subclass, goes the slow way) and returns the same dict.
+    such as a ``str`` subclass, goes the slow way) and returns the same dict, in the same
+    order. The caller has refused any name ``obj`` holds that is not one of the fields,
+    except a request's envelope (``op``, ``rid``), which is skipped here.
     """
-    out: dict[str, Any] = {}
-    for f in fields:
-        name = f.name
+    out = shape.template.copy()
+    for name, default in shape.list_defaults:
+        out[name] = list(default)
+    by_name = shape.by_name
+    for name, value in obj.items():
+        f = by_name.get(name)
+        if f is None:
+            continue  # the envelope (see above)
         kind = f.kind
-        value = obj.get(name, _ABSENT)
-        if value is _ABSENT or (value is None and kind is not Kind.ANY):
+        if value is None and kind is not Kind.ANY:
             if f.required:
                 raise _Explain
-            default = f.default
-            out[name] = list(default) if type(default) is tuple else default
-            continue
+            continue  # null means absent: the default stays
         if kind is Kind.STRING:
             if type(value) is not str or (f.nonempty and not value):
                 raise _Explain
@@ -752,7 +784,7 @@ def _fast_object(
                         raise _Explain
                 value = list(value)  # the entries are exactly {a, b}, checked: kept as they are
             else:
-                names, items = f.item_names, f.items
+                names, items = f.item_names, f.item_shape
                 checked = []
                 for item in value:
                     if type(item) is not dict or not names.issuperset(item):
@@ -760,10 +792,9 @@ def _fast_object(
                     checked.append(_fast_object(items, item, max_batch))
                 value = checked
         out[name] = value
+    if shape.required and not obj.keys() >= shape.required:
+        raise _Explain  # a required field is missing
     return out
-
-
-_ABSENT: Any = object()
 
 
 def _check_object(
@@ -853,7 +884,7 @@ def check_entry(f: Field, item: Any, index: int) -> dict[str, Any]:
     """
     if type(item) is dict and f.item_names.issuperset(item):
         try:
-            return _fast_object(f.items, item, None)
+            return _fast_object(f.item_shape, item, None)
         except _Explain:
             pass
     _check_entry(f, item, f"{f.name}[{index}]", None)
