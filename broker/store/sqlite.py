@@ -19,6 +19,15 @@ database, goes to the writer thread with every ``_CHECKPOINT_EVERY``-th commit (
 automatic checkpoint would run inside some commit on the event loop and stall it for
 milliseconds). Reading happens once, at ``load``.
 
+Claims. Most of a drain's writes are claims, and an UPDATE of each claimed row was half
+of a drain's time in SQLite. A commit's claims (``Changes.claims``) are instead written
+as one record, ``claims(commit_no, texts, numbers)`` (see ``_pack_claims``). ``load``
+lays each entry over its row when the claim's commit came after the row was last written
+whole (``jobs.v``, set by every update; a row's insert leaves it 0, and no claim precedes
+an insert). The store remembers which record holds each row's live claim; a record whose
+every row was since acked, rewritten or claimed again is deleted in the same commit, so
+the table never holds more records than there are jobs under a lease.
+
 Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
 from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
 database, or was made by a newer Conveyor is refused with a ``StoreError``.
@@ -27,15 +36,18 @@ database, or was made by a newer Conveyor is refused with a ``StoreError``.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import random
 import sqlite3
 import sys
 import threading
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
@@ -87,8 +99,21 @@ CREATE TABLE meta (
 );
 """
 
+# Version 2: claims are written as one record per commit (see "Claims" in the module
+# docstring). ``jobs.v`` is the commit that last wrote a row whole (0: its insert, or any
+# write before version 2); ``meta.commits`` counts commits.
+_SCHEMA_V2 = """
+ALTER TABLE jobs ADD COLUMN v INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE meta ADD COLUMN commits INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE claims (
+    commit_no INTEGER PRIMARY KEY,
+    texts TEXT NOT NULL,
+    numbers BLOB NOT NULL
+);
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1,)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
 _SWITCH_INTERVAL_S = 0.0005
 # sync="normal": commits per checkpoint. A commit adds a few pages to the WAL, so this
 # keeps the WAL to some MB; each checkpoint delays the frames of one commit by its fsyncs.
@@ -99,14 +124,15 @@ _UPSERT_JOB = (
     f"INSERT OR REPLACE INTO jobs ({', '.join(ROW_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in ROW_FIELDS)})"
 )
-# A stored row's changing fields only: a claim or an ack does not rewrite the payload.
+# A stored row's changing fields only (a retry or a heartbeat does not rewrite the
+# payload), and the commit that wrote them: (*UPDATE_FIELDS tuple, commit number).
 _UPDATE_JOB = (
-    f"UPDATE jobs SET {', '.join(f'{name} = ?' for name in UPDATE_FIELDS[:-1])} WHERE seq = ?"
+    "UPDATE jobs SET "
+    + ", ".join(f"{name} = ?{i}" for i, name in enumerate(UPDATE_FIELDS[:-1], 1))
+    + f", v = ?{len(UPDATE_FIELDS) + 1} WHERE seq = ?{len(UPDATE_FIELDS)}"
 )
-# A claim's fields only (most of a drain's writes).
-_CLAIM_JOB = (
-    f"UPDATE jobs SET {', '.join(f'{name} = ?' for name in CLAIM_FIELDS[:-1])} WHERE seq = ?"
-)
+# Where the CLAIM_FIELDS sit in a ROW_FIELDS tuple (a claim record laid over its row).
+_CLAIM_AT = tuple(ROW_FIELDS.index(name) for name in CLAIM_FIELDS)
 _UPSERT_QUEUE = (
     f"INSERT OR REPLACE INTO queues ({', '.join(QUEUE_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in QUEUE_FIELDS)})"
@@ -134,6 +160,12 @@ class SqliteStore:
         self._wal_fd: int | None = None  # sync="full": the WAL, opened at the first fsync
         self.syncs = 0  # WAL fsyncs made by the store (for tests)
         self.checkpoints = 0  # checkpoints made (for tests)
+        # Claim records (see "Claims" above): the number of the last commit, the record
+        # holding each row's live claim (seq -> commit number), and how many live claims
+        # each record holds (commit number -> count).
+        self._commit_no = 0
+        self._claim_of: dict[int, int] = {}
+        self._claims_live: dict[int, int] = {}
 
     # -- opening --------------------------------------------------------------------------
 
@@ -198,15 +230,23 @@ class SqliteStore:
         # 5 ms switch interval made commits take several times their disk time.
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         try:
-            meta = db.execute("SELECT id_prefix, seq, leases_issued FROM meta").fetchone()
+            meta = db.execute("SELECT id_prefix, seq, leases_issued, commits FROM meta").fetchone()
             if meta is None:
                 table = JobTable(
                     clock=clock, rng=rng, max_payload_bytes=max_payload_bytes, id_prefix=id_prefix
                 )
                 table.start_journal()
                 return table
+            self._commit_no = meta[3]
+            claims = self._read_claims(db)
             queues = db.execute(f"SELECT {', '.join(QUEUE_FIELDS)} FROM queues").fetchall()
-            rows = db.execute(f"SELECT {', '.join(ROW_FIELDS)} FROM jobs ORDER BY seq")
+            columns = ", ".join(ROW_FIELDS)
+            if claims:
+                rows = self._with_claims(
+                    db.execute(f"SELECT {columns}, v FROM jobs ORDER BY seq"), claims
+                )
+            else:  # no job was under a lease: the rows as they are
+                rows = db.execute(f"SELECT {columns} FROM jobs ORDER BY seq")
             return JobTable.restore(
                 (meta[0], meta[1], meta[2]),
                 queues,
@@ -217,8 +257,39 @@ class SqliteStore:
             )
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, IndexError) as exc:
             raise StoreError(f"{self.path}: a stored row makes no sense: {exc}") from None
+
+    def _read_claims(self, db: sqlite3.Connection) -> dict[int, tuple[int, tuple[Any, ...]]]:
+        """Every stored claim entry by seq, the latest record's for a row claimed twice:
+        ``seq -> (commit number, CLAIM_FIELDS tuple)``."""
+        claims: dict[int, tuple[int, tuple[Any, ...]]] = {}
+        for commit_no, texts, numbers in db.execute(
+            "SELECT commit_no, texts, numbers FROM claims ORDER BY commit_no"
+        ):
+            for entry in _unpack_claims(texts, numbers):
+                claims[entry[-1]] = (commit_no, entry)
+        return claims
+
+    def _with_claims(
+        self, rows: Iterable[tuple[Any, ...]], claims: dict[int, tuple[int, tuple[Any, ...]]]
+    ) -> Iterator[tuple[Any, ...]]:
+        """The stored rows (``ROW_FIELDS`` and ``v``) as ``ROW_FIELDS`` tuples, each with
+        its claim laid over it when the claim's commit came after the row was last written
+        whole; the store's claim bookkeeping rebuilt from the claims that count."""
+        live = self._claims_live
+        for row in rows:
+            got = claims.get(row[0])
+            if got is None or got[0] <= row[-1]:
+                yield row[:-1]
+                continue
+            commit_no, entry = got
+            values = list(row[:-1])
+            for at, value in zip(_CLAIM_AT, entry, strict=True):
+                values[at] = value
+            self._claim_of[row[0]] = commit_no
+            live[commit_no] = live.get(commit_no, 0) + 1
+            yield tuple(values)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -305,14 +376,21 @@ class SqliteStore:
         if db is None:
             raise StoreError("the store is closed")
         with self._lock:
+            commit_no = self._commit_no + 1
+            dead = self._settle_claims(changes, commit_no)
             try:
                 db.execute("BEGIN")
                 if changes.upserts:
                     db.executemany(_UPSERT_JOB, changes.upserts)
                 if changes.updates:
-                    db.executemany(_UPDATE_JOB, changes.updates)
+                    db.executemany(_UPDATE_JOB, [(*u, commit_no) for u in changes.updates])
                 if changes.claims:
-                    db.executemany(_CLAIM_JOB, changes.claims)
+                    db.execute(
+                        "INSERT INTO claims (commit_no, texts, numbers) VALUES (?, ?, ?)",
+                        (commit_no, *_pack_claims(changes.claims)),
+                    )
+                if dead:
+                    db.executemany("DELETE FROM claims WHERE commit_no = ?", [(c,) for c in dead])
                 if changes.deleted:
                     db.executemany(
                         "DELETE FROM jobs WHERE seq = ?", [(s,) for s in changes.deleted]
@@ -320,16 +398,45 @@ class SqliteStore:
                 if changes.queues:
                     db.executemany(_UPSERT_QUEUE, changes.queues)
                 db.execute(
-                    "INSERT OR REPLACE INTO meta (id, id_prefix, seq, leases_issued) "
-                    "VALUES (1, ?, ?, ?)",
-                    changes.meta,
+                    "INSERT OR REPLACE INTO meta (id, id_prefix, seq, leases_issued, commits) "
+                    "VALUES (1, ?, ?, ?, ?)",
+                    (*changes.meta, commit_no),
                 )
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise StoreError(f"{self.path}: write failed: {exc}") from None
+            self._commit_no = commit_no
             self.commits += 1
+
+    def _settle_claims(self, changes: Changes, commit_no: int) -> list[int]:
+        """Update the claim bookkeeping for one commit; return the records it leaves with
+        no live entry (to delete in that commit). A deleted or wholly rewritten row no
+        longer needs its claim record; a claimed one moves to this commit's record.
+
+        (If the commit then fails, the broker stops: the bookkeeping need not roll back.)
+        """
+        owner = self._claim_of
+        live = self._claims_live
+        dead: list[int] = []
+        gone = [u[-1] for u in changes.updates] if changes.updates else []
+        if owner:
+            for seqs in (changes.deleted, gone, [c[-1] for c in changes.claims]):
+                for seq in seqs:
+                    record = owner.pop(seq, None)
+                    if record is not None:
+                        left = live[record] - 1
+                        if left:
+                            live[record] = left
+                        else:
+                            del live[record]
+                            dead.append(record)
+        if changes.claims:
+            for claim in changes.claims:
+                owner[claim[-1]] = commit_no
+            live[commit_no] = len(changes.claims)
+        return dead
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
@@ -340,6 +447,37 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+def _pack_claims(claims: list[tuple[Any, ...]]) -> tuple[str, bytes]:
+    """``CLAIM_FIELDS`` tuples as one claim record: the strings as JSON (states, worker
+    ids, leases), the numbers as little-endian machine words (attempts and seqs as int64,
+    then deadlines as float64: exact, and far cheaper than writing floats as text)."""
+    states, attempts, workers, deadlines, leases, seqs = zip(*claims, strict=True)
+    texts = _TEXTS.encode((states, workers, leases))
+    ints, floats = array("q", attempts + seqs), array("d", deadlines)
+    if _BIG_ENDIAN:
+        ints.byteswap()
+        floats.byteswap()
+    return texts, ints.tobytes() + floats.tobytes()
+
+
+def _unpack_claims(texts: str, numbers: bytes) -> list[tuple[Any, ...]]:
+    """The ``CLAIM_FIELDS`` tuples of a record ``_pack_claims`` made. Raises ``ValueError``
+    for one it did not make."""
+    states, workers, leases = json.loads(texts)
+    n = len(states)
+    if len(workers) != n or len(leases) != n or len(numbers) != 24 * n:
+        raise ValueError(f"a claim record of {n} entries holds {len(numbers)} bytes of numbers")
+    ints, floats = array("q", numbers[: 16 * n]), array("d", numbers[16 * n :])
+    if _BIG_ENDIAN:
+        ints.byteswap()
+        floats.byteswap()
+    return list(zip(states, ints[:n], workers, floats, leases, ints[n:], strict=True))
+
+
+_TEXTS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def _run_script(db: sqlite3.Connection, script: str) -> None:
