@@ -29,6 +29,8 @@ from ._wire import WireError, decode, encode
 __all__ = ["Session"]
 
 log = logging.getLogger("conveyor.sdk")
+# State.OPEN read once: an enum member read off its class costs ~60 ns in Python 3.11.
+_OPEN = State.OPEN
 
 # Frames queued in one loop iteration that make one socket write without waiting for the
 # iteration's end.
@@ -64,7 +66,7 @@ class _Socket(ClientConnection):
     @property
     def writable(self) -> bool:
         """Whether a write now goes straight out: open, and the transport not pushing back."""
-        return not self.paused and self.protocol.state is State.OPEN
+        return not self.paused and self.protocol.state is _OPEN
 
     def write_texts(self, texts: list[bytes]) -> None:
         """Write ``texts`` as text frames, in one piece; call only while the socket is

@@ -433,6 +433,15 @@ class Kind(StrEnum):
 
 
 _ABSENT: Any = object()
+# The kinds as plain module names for the fast check: in Python 3.11 reading a member off
+# its enum class (``Kind.ANY``) costs ~60 ns, and the check read up to five per field.
+_ANY, _STRING, _INTEGER, _NUMBER, _STRINGS = (
+    Kind.ANY,
+    Kind.STRING,
+    Kind.INTEGER,
+    Kind.NUMBER,
+    Kind.STRINGS,
+)
 
 
 class _Shape:
@@ -743,27 +752,29 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
         if f is None:
             continue  # the envelope (see above)
         kind = f.kind
-        if value is None and kind is not Kind.ANY:
+        if value is None and kind is not _ANY:
             if f.required:
                 raise _Explain
             continue  # null means absent: the default stays
-        if kind is Kind.STRING:
+        if kind is _ANY:
+            pass  # any JSON value (the payload)
+        elif kind is _STRING:
             if type(value) is not str or (f.nonempty and not value):
                 raise _Explain
-        elif kind is Kind.INTEGER:
+        elif kind is _INTEGER:
             if type(value) is not int:
                 raise _Explain
-        elif kind is Kind.NUMBER:
+        elif kind is _NUMBER:
             if type(value) is not float and type(value) is not int:
                 raise _Explain
-        elif kind is not Kind.ANY:
+        else:
             if (
                 type(value) is not list
                 or (f.nonempty and not value)
                 or (f.batch and max_batch is not None and len(value) > max_batch)
             ):
                 raise _Explain
-            if kind is Kind.STRINGS:
+            if kind is _STRINGS:
                 for item in value:
                     if type(item) is not str:
                         raise _Explain

@@ -47,6 +47,9 @@ __all__ = ["JobHandle", "JobTable", "Queue"]
 PENDING = JobState.PENDING
 PROCESSING = JobState.PROCESSING
 DEAD = JobState.DEAD
+# Each state's stored text. ``state.value`` costs ~100 ns in Python 3.11 (an enum
+# property), and the journal reads one per changed row.
+_STATE_TEXT: dict[JobState | None, str] = {state: state.value for state in JobState}
 
 EXPIRED = "expired"
 MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
@@ -1057,7 +1060,7 @@ class JobTable:
                 upserts.append(_row_tuple(row))
             elif seq in claimed:
                 claims.append(
-                    (state.value, row.attempts, row.worker_id, row.deadline, row.lease, seq)
+                    (_STATE_TEXT[state], row.attempts, row.worker_id, row.deadline, row.lease, seq)
                 )
             else:
                 updates.append(_update_tuple(row))
@@ -1310,7 +1313,7 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
     return (
         row.seq,
         row.queue.name,
-        state.value,
+        _STATE_TEXT[state],
         row.payload,
         row.priority,
         row.attempts,
@@ -1334,7 +1337,7 @@ def _update_tuple(row: _Row) -> tuple[Any, ...]:
     state = row.state
     assert state is not None
     return (
-        state.value,
+        _STATE_TEXT[state],
         row.attempts,
         row.ready_at,
         row.worker_id,
