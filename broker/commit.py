@@ -9,8 +9,9 @@ and releases the frames held meanwhile when that transaction returns. While one
 commit is in flight, new changes and frames gather for the next, so the busier the
 broker, the larger (and cheaper per job) each commit.
 
-A store whose commit has nothing to wait for (``--sync normal``: no fsync) writes it at
-once (``Store.commit_now``) and the frames go out in the same turn, with no task and no
+A commit the store can make at once (``Store.commit_now``: with ``--sync normal`` any
+but a checkpointing one; with ``--sync full`` the same, fsync included, while the disk
+is fast) is made right here, and its frames go out in the same turn, with no task and no
 extra loop turn per commit; the others commit in a task while the loop goes on.
 
 Frames held while nothing changed are released at once, unless a commit is in flight:

@@ -42,9 +42,9 @@ class Store(Protocol):
         ...
 
     def commit_now(self, changes: Changes) -> bool:
-        """Write ``changes`` here and now when this commit has nothing to wait for (no
-        fsync, no checkpoint), and return ``True``; else write nothing and return
-        ``False``: then call ``commit``. Raises StoreError."""
+        """Write ``changes`` here and now, durable as ``commit`` would make them, when
+        that is quick (no checkpoint due, no slow disk), and return ``True``; else write
+        nothing and return ``False``: then call ``commit``. Raises StoreError."""
         ...
 
     async def commit(self, changes: Changes) -> None:

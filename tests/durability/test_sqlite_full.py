@@ -1,6 +1,8 @@
 """``--sync full`` (the default): a commit is written on the event loop's thread and the
-WAL is fsynced on the writer thread before ``commit`` returns, which is when the commit
-gate releases the commit's frames. An fsync that fails stops everything."""
+WAL is fsynced before the commit returns, which is when the commit gate releases the
+commit's frames: on the same thread while fsyncs are fast (``commit_now``), on the writer
+thread when the gate calls ``commit`` (a checkpointing commit, or for a while after a
+slow fsync). An fsync that fails stops everything."""
 
 from __future__ import annotations
 
@@ -114,3 +116,113 @@ async def test_normal_never_fsyncs_a_commit(
     finally:
         store.close()
     assert calls == [] and store.syncs == 0
+
+
+class FakeClock:
+    """Times the store's inline fsyncs: each one "takes" ``fsync_s`` (set by the test)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.fsync_s = 0.0001
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _spy_fsyncs(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[str]:
+    """Record the thread of every fdatasync; each moves ``clock`` by ``clock.fsync_s``."""
+    threads: list[str] = []
+    fdatasync = os.fdatasync
+
+    def spy(fd: int) -> None:
+        fdatasync(fd)
+        threads.append(threading.current_thread().name)
+        clock.now += clock.fsync_s
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    return threads
+
+
+async def test_commit_now_fsyncs_on_the_callers_thread_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "inline.db", clock=clock)
+    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
+    queue = table.queue("q")
+    threads = _spy_fsyncs(monkeypatch, clock)
+    here = threading.current_thread().name
+    made_here = 0
+    try:
+        for i in range(sqlite_store._CHECKPOINT_EVERY + 5):
+            queue.enqueue({"i": i})
+            changes = table.take_changes()
+            before = len(threads)
+            if store.commit_now(changes):
+                made_here += 1
+                assert threads[before:] == [here], i  # its fsync, made before it returned
+            else:
+                await store.commit(changes)  # the checkpointing one: the writer thread
+                assert [t.startswith("conveyor-sqlite") for t in threads[before:]] == [True]
+    finally:
+        store.close()
+    assert made_here == sqlite_store._CHECKPOINT_EVERY + 4
+    assert store.syncs == sqlite_store._CHECKPOINT_EVERY + 5
+
+
+async def test_after_a_slow_fsync_the_next_ones_go_to_the_writer_thread_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "_OFFLOAD_COMMITS", 10)
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1000)  # none in this test
+    clock = FakeClock()
+    store = SqliteStore(tmp_path / "slow.db", clock=clock)
+    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
+    queue = table.queue("q")
+    threads = _spy_fsyncs(monkeypatch, clock)
+    here = threading.current_thread().name
+    places: list[str] = []  # where each commit's fsync ran
+
+    async def one(i: int) -> None:
+        queue.enqueue({"i": i})
+        changes = table.take_changes()
+        if not store.commit_now(changes):
+            await store.commit(changes)
+        places.append("here" if threads[-1] == here else "thread")
+
+    try:
+        await one(0)
+        clock.fsync_s = sqlite_store._INLINE_FSYNC_LIMIT_S * 2  # the disk slows down
+        await one(1)
+        clock.fsync_s = 0.0001
+        for i in range(2, 14):
+            await one(i)
+    finally:
+        store.close()
+    # The slow fsync was made here; the next 10 commits fsynced on the writer thread;
+    # then the store tried here again.
+    assert places == ["here", "here", *["thread"] * 10, "here", "here"]
+    reopened = SqliteStore(tmp_path / "slow.db")
+    try:
+        again = reopened.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
+    finally:
+        reopened.close()
+    assert again.queue("q").stats().ready == 14
+
+
+async def test_an_inline_fsync_that_fails_fails_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqliteStore(tmp_path / "eio-inline.db")
+    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
+    table.queue("q").enqueue({"i": 1})
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    try:
+        with pytest.raises(StoreError, match="cannot fsync the WAL"):
+            store.commit_now(table.take_changes())
+    finally:
+        store.close()
