@@ -50,6 +50,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,8 @@ CREATE TABLE claims (
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
 _MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
 _SWITCH_INTERVAL_S = 0.0005
-# sync="normal": commits per checkpoint. A commit adds a few pages to the WAL, so this
-# keeps the WAL to some MB; each checkpoint delays the frames of one commit by its fsyncs.
+# Commits per checkpoint. A commit adds a few pages to the WAL, so this keeps the WAL to
+# some MB (with "full"; "normal" restarts it less often, see _RESTART_FRAMES).
 _CHECKPOINT_EVERY = 50
 # sync="normal": the checkpoints run beside the commits (_side_checkpoint), which cannot
 # restart the WAL while commits keep coming; once the WAL holds more frames than this
@@ -188,7 +189,7 @@ class SqliteStore:
         self.side_checkpoints = 0  # checkpoints made beside the commits (for tests)
         self._lock = threading.Lock()
         self.commits = 0  # transactions written (for metrics)
-        # sync="full": every commit waits for an fsync of the WAL on the writer thread.
+        # sync="full": every commit waits for an fsync of the WAL.
         self.slow_commits = sync == "full"
         self._clock = clock
         self._offloaded_until = 0  # full: commits before this count fsync on the thread
@@ -457,9 +458,10 @@ class SqliteStore:
         return took
 
     def _write_and_checkpoint(self, changes: Changes) -> None:
-        side = self._side
-        if side is not None:
-            side.result()  # two checkpoints at once: the second would do nothing
+        if self._side is not None:
+            # Two checkpoints at once: the second would do nothing. (Its own failure
+            # was logged where it ran.)
+            futures.wait([self._side])
         self.write(changes)
         if self.slow_commits:
             self._sync_wal()  # the checkpoint below fsyncs only if it copies anything
