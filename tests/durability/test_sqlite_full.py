@@ -11,9 +11,11 @@ import os
 import random
 import threading
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from broker.engine import JobTable, Queue
 from broker.store import SqliteStore, StoreError
 from broker.store import sqlite as sqlite_store
 
@@ -82,12 +84,13 @@ async def test_every_commit_returns_after_an_fsync_of_the_wal_on_the_writer_thre
     assert again.queue("q").stats().ready == commits
 
 
+@pytest.mark.parametrize("where", ["commit", "commit_now"])
 async def test_an_fsync_that_fails_fails_the_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
+    # On the writer thread (commit) and on the caller's (commit_now) alike.
     store = SqliteStore(tmp_path / "eio.db")
     table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
-    table.start_journal()
     table.queue("q").enqueue({"i": 1})
 
     def broken(fd: int) -> None:
@@ -96,7 +99,10 @@ async def test_an_fsync_that_fails_fails_the_commit(
     monkeypatch.setattr(os, "fdatasync", broken)
     try:
         with pytest.raises(StoreError, match="cannot fsync the WAL"):
-            await store.commit(table.take_changes())
+            if where == "commit":
+                await store.commit(table.take_changes())
+            else:
+                store.commit_now(table.take_changes())
     finally:
         store.close()
 
@@ -129,8 +135,20 @@ class FakeClock:
         return self.now
 
 
-def _spy_fsyncs(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[str]:
-    """Record the thread of every fdatasync; each moves ``clock`` by ``clock.fsync_s``."""
+class Spied(NamedTuple):
+    store: SqliteStore
+    table: JobTable
+    queue: Queue
+    clock: FakeClock
+    threads: list[str]  # the thread of every fdatasync, in order
+
+
+def _spied_store(path: Path, monkeypatch: pytest.MonkeyPatch) -> Spied:
+    """A ``full`` store timed by a ``FakeClock``, whose fdatasyncs are recorded by thread;
+    each fdatasync moves the clock by ``clock.fsync_s``."""
+    clock = FakeClock()
+    store = SqliteStore(path, clock=clock)
+    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
     threads: list[str] = []
     fdatasync = os.fdatasync
 
@@ -140,17 +158,13 @@ def _spy_fsyncs(monkeypatch: pytest.MonkeyPatch, clock: FakeClock) -> list[str]:
         clock.now += clock.fsync_s
 
     monkeypatch.setattr(os, "fdatasync", spy)
-    return threads
+    return Spied(store, table, table.queue("q"), clock, threads)
 
 
 async def test_commit_now_fsyncs_on_the_callers_thread_before_it_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    clock = FakeClock()
-    store = SqliteStore(tmp_path / "inline.db", clock=clock)
-    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
-    queue = table.queue("q")
-    threads = _spy_fsyncs(monkeypatch, clock)
+    store, table, queue, _, threads = _spied_store(tmp_path / "inline.db", monkeypatch)
     here = threading.current_thread().name
     made_here = 0
     try:
@@ -175,11 +189,7 @@ async def test_after_a_slow_fsync_the_next_ones_go_to_the_writer_thread_for_a_wh
 ) -> None:
     monkeypatch.setattr(sqlite_store, "_OFFLOAD_COMMITS", 10)
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1000)  # none in this test
-    clock = FakeClock()
-    store = SqliteStore(tmp_path / "slow.db", clock=clock)
-    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
-    queue = table.queue("q")
-    threads = _spy_fsyncs(monkeypatch, clock)
+    store, table, queue, clock, threads = _spied_store(tmp_path / "slow.db", monkeypatch)
     here = threading.current_thread().name
     places: list[str] = []  # where each commit's fsync ran
 
@@ -208,21 +218,3 @@ async def test_after_a_slow_fsync_the_next_ones_go_to_the_writer_thread_for_a_wh
     finally:
         reopened.close()
     assert again.queue("q").stats().ready == 14
-
-
-async def test_an_inline_fsync_that_fails_fails_the_commit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store = SqliteStore(tmp_path / "eio-inline.db")
-    table = store.load(clock=lambda: 1000.0, rng=random.Random(0), max_payload_bytes=1 << 20)
-    table.queue("q").enqueue({"i": 1})
-
-    def broken(fd: int) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
-
-    monkeypatch.setattr(os, "fdatasync", broken)
-    try:
-        with pytest.raises(StoreError, match="cannot fsync the WAL"):
-            store.commit_now(table.take_changes())
-    finally:
-        store.close()
