@@ -154,8 +154,9 @@ _UPDATE_JOB = (
 # Where the CLAIM_FIELDS sit in a ROW_FIELDS tuple (a claim record laid over its row).
 _CLAIM_AT = tuple(ROW_FIELDS.index(name) for name in CLAIM_FIELDS)
 _UPSERT_QUEUE = (
-    f"INSERT OR REPLACE INTO queues ({', '.join(QUEUE_FIELDS)}) "
-    f"VALUES ({', '.join('?' for _ in QUEUE_FIELDS)})"
+    f"INSERT INTO queues ({', '.join(QUEUE_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in QUEUE_FIELDS)}) ON CONFLICT (name) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in QUEUE_FIELDS[1:])
 )
 
 
@@ -504,8 +505,10 @@ class SqliteStore:
                 if changes.queues:
                     db.executemany(_UPSERT_QUEUE, changes.queues)
                 db.execute(
-                    "INSERT OR REPLACE INTO meta (id, id_prefix, seq, leases_issued, commits) "
-                    "VALUES (1, ?, ?, ?, ?)",
+                    "INSERT INTO meta (id, id_prefix, seq, leases_issued, commits) "
+                    "VALUES (1, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET id_prefix = "
+                    "excluded.id_prefix, seq = excluded.seq, leases_issued = "
+                    "excluded.leases_issued, commits = excluded.commits",
                     (*changes.meta, commit_no),
                 )
                 db.execute("COMMIT")
