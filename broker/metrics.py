@@ -94,12 +94,7 @@ class LatencyHistogram(Collector):
 
     def observe(self, seconds: float) -> None:
         """Count one push ``seconds`` after its job became claimable (negatives count 0)."""
-        if seconds < 0.0:
-            seconds = 0.0
-        # Prometheus buckets are "less than or equal": bisect_left puts a value equal to a
-        # bound in that bound's bucket.
-        self._counts[bisect_left(self._bounds, seconds)] += 1
-        self._sum += seconds
+        self.observe_many((seconds,))
 
     def observe_many(self, seconds: Iterable[float]) -> None:
         """``observe`` each of ``seconds`` (one call per pushed frame, not per job)."""
@@ -108,6 +103,8 @@ class LatencyHistogram(Collector):
         for value in seconds:
             if value < 0.0:
                 value = 0.0
+            # Prometheus buckets are "less than or equal": bisect_left puts a value equal
+            # to a bound in that bound's bucket.
             counts[bisect_left(bounds, value)] += 1
             total += value
         self._sum += total
