@@ -194,29 +194,27 @@ class Session:
         """
         if self._fatal is not None:
             raise self._fatal
-        if not self._each:
-            job_id: str = (await self.request("enqueue", job))["id"]
-            return job_id
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[tuple[int, dict[str, Any]]] = loop.create_future()
-        if self._jobs and self._job_bytes + size > EACH_BYTES:
-            self._ship()
-        self._jobs.append(job)
-        self._job_futures.append(future)
-        self._job_bytes += size
-        if len(self._jobs) >= _EACH_JOBS or self._job_bytes >= EACH_BYTES:
-            self._ship()
-        elif not self._ship_scheduled:
-            self._ship_scheduled = True
-            loop.call_soon(self._ship)
-        index, answer = await future
-        if index < 0:  # the broker has no enqueue_each (see _answer): this one alone
-            job_id = (await self.request("enqueue", job))["id"]
-            return job_id
-        error = answer.get("error")
-        if error is not None:
-            raise error_from_reply(_unnest(error, f"jobs[{index}]."))
-        job_id = answer["id"]
+        if self._each:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[tuple[int, dict[str, Any]]] = loop.create_future()
+            if self._jobs and self._job_bytes + size > EACH_BYTES:
+                self._ship()
+            self._jobs.append(job)
+            self._job_futures.append(future)
+            self._job_bytes += size
+            if len(self._jobs) >= _EACH_JOBS or self._job_bytes >= EACH_BYTES:
+                self._ship()
+            elif not self._ship_scheduled:
+                self._ship_scheduled = True
+                loop.call_soon(self._ship)
+            index, answer = await future
+            if index >= 0:  # (-1: the broker has no enqueue_each, see _answer)
+                error = answer.get("error")
+                if error is not None:
+                    raise error_from_reply(_unnest(error, f"jobs[{index}]."))
+                each_id: str = answer["id"]
+                return each_id
+        job_id: str = (await self.request("enqueue", job))["id"]
         return job_id
 
     def _ship(self) -> None:
