@@ -520,8 +520,9 @@ class OpSpec:
     shape: _Shape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "by_name", MappingProxyType({f.name: f for f in self.fields}))
-        object.__setattr__(self, "shape", _Shape(self.fields))
+        shape = _Shape(self.fields)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "by_name", MappingProxyType(shape.by_name))
 
     def allows(self, roles: Collection[Role]) -> bool:
         """Whether a connection holding ``roles`` may call this op."""
