@@ -345,7 +345,7 @@ class SqliteStore:
         event loop, and then they are tried here again. Raises ``StoreError``.
         """
         turn = self._since_checkpoint + 1 >= _CHECKPOINT_EVERY
-        if turn and (self.slow_commits or self._restart_due()):
+        if turn and self._whole_checkpoint_due():
             return False
         if self.slow_commits and self.commits < self._offloaded_until:
             return False
@@ -385,7 +385,7 @@ class SqliteStore:
         self._since_checkpoint += 1
         if self._since_checkpoint >= _CHECKPOINT_EVERY:
             self._since_checkpoint = 0
-            if self.slow_commits or self._restart_due():
+            if self._whole_checkpoint_due():
                 await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
                 return
             self.write(changes)
@@ -395,10 +395,13 @@ class SqliteStore:
         if self.slow_commits:
             await loop.run_in_executor(self._writer, self._sync_wal)
 
-    def _restart_due(self) -> bool:
-        """``normal``: whether this checkpoint must be a whole one that restarts the WAL:
-        the last checkpoint beside the commits found it over ``_RESTART_FRAMES`` frames,
-        failed, or has not finished yet (so the commits outrun it)."""
+    def _whole_checkpoint_due(self) -> bool:
+        """Whether this checkpointing commit must go whole to the writer thread, the
+        commits waiting: always with ``full``; with ``normal`` when the WAL must restart,
+        because the last checkpoint beside the commits found it over ``_RESTART_FRAMES``
+        frames, failed, or has not finished yet (so the commits outrun it)."""
+        if self.slow_commits:
+            return True
         side = self._side
         if side is not None and not side.done():
             return True
@@ -408,7 +411,7 @@ class SqliteStore:
         """``normal``: checkpoint on the checkpointer thread, with a connection of its
         own, while the event loop goes on committing (no commit waits for it; SQLite lets
         a checkpoint run beside a writer). Notes how many frames the WAL holds, for
-        ``_restart_due``. A failure is logged: the WAL keeps everything, and the next
+        ``_whole_checkpoint_due``. A failure is logged: the WAL keeps everything, and the next
         checkpoint is a whole one."""
         self._wal_frames = _RESTART_FRAMES + 1  # until this one succeeds
         try:
