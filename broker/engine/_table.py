@@ -480,6 +480,7 @@ class Queue:
         ready, fresh, leases = self._ready, self._fresh, self._leases
         table = self._table
         journal = table._journal
+        leased = table._leased
         while len(handles) < n:
             # The next row in contract order: the heap's top or a fresh line's head.
             entry = ready.top()
@@ -500,6 +501,7 @@ class Queue:
             else:  # a lapsed lease: this is a reclaim
                 self._n_processing -= 1
                 self._exhausted.pop(row.seq, None)
+                leased.pop(row.lease, None)  # type: ignore[arg-type]
             if row.expires_at is not None and now >= row.expires_at:
                 self._kill(row, EXPIRED, now)
                 continue
@@ -515,7 +517,9 @@ class Queue:
             self._push(leases, (deadline, row.seq, row))
             if journal is not None:
                 table._journal_claim(row)
-            handles.append(JobHandle(self, row))
+            handle = JobHandle(self, row)
+            leased[handle.lease] = (handle.id, row)
+            handles.append(handle)
         if handles:
             table._timing_dirty.add(self)
         return handles
@@ -807,6 +811,7 @@ class Queue:
         elif state is PROCESSING:
             self._n_processing -= 1
             self._exhausted.pop(row.seq, None)
+            self._table._leased.pop(row.lease, None)  # type: ignore[arg-type]
         elif state is DEAD:
             del self._dead[row.seq]
 
@@ -870,6 +875,13 @@ class JobTable:
         self._rows: dict[int, _Row] = {}
         self._seq = 0
         self._leases_issued = 0
+        # The claims this table made, by lease: (job id, row), while the row holds that
+        # lease. A report names a job by id; checking an id's form and parsing it was a
+        # third of an ack, and a report almost always carries the lease the claim
+        # issued. Entries leave where a row stops being processing (Queue._unlink) or
+        # is claimed again; a lease not found here (a row restored from a store, say)
+        # is looked up by its id as before.
+        self._leased: dict[str, tuple[str, _Row]] = {}
         # Rows and queues changed since the last take_changes(), when a store listens.
         self._journal: dict[int, _Row] | None = None
         # Each queue's next event (see next_event_at), and the queues to look at again.
@@ -929,7 +941,7 @@ class JobTable:
         return row is not None and row.queue.redrive(job_id)
 
     def ack(self, job_id: str, lease: str) -> bool:
-        row = self._lookup(job_id)
+        row = self._claimed(job_id, lease)
         return row is not None and row.queue._ack(row, lease, self._now())
 
     def ack_many(self, pairs: Iterable[tuple[str, str]]) -> list[bool]:
@@ -937,16 +949,19 @@ class JobTable:
         read once for the batch. Returns whether each landed."""
         now = self._now()
         lookup = self._lookup
+        leased = self._leased
         landed = []
         for job_id, lease in pairs:
-            row = lookup(job_id)
+            # _claimed, inlined: this is the drain's hot loop.
+            entry = leased.get(lease) if lease.__class__ is str else None
+            row = entry[1] if entry is not None and entry[0] == job_id else lookup(job_id)
             landed.append(row is not None and row.queue._ack(row, lease, now))
         return landed
 
     def retry(
         self, job_id: str, lease: str, error: str | None = None, delay_s: float | None = None
     ) -> bool:
-        row = self._lookup(job_id)
+        row = self._claimed(job_id, lease)
         if row is None:
             # The guards hold for unknown ids too: a bad argument is never "False".
             guard.optional(guard.nonneg, "delay_s", delay_s)
@@ -955,19 +970,19 @@ class JobTable:
         return row.queue._retry(row, lease, error, delay_s)
 
     def fail(self, job_id: str, lease: str, error: str | None = None) -> bool:
-        row = self._lookup(job_id)
+        row = self._claimed(job_id, lease)
         if row is None:
             guard.error_text("error", error)
             return False
         return row.queue._fail(row, lease, error)
 
     def heartbeat(self, job_id: str, lease: str) -> bool:
-        row = self._lookup(job_id)
+        row = self._claimed(job_id, lease)
         return row is not None and row.queue._heartbeat(row, lease)
 
     def lapse(self, job_id: str, lease: str) -> bool:
         """End a valid lease now: the job is reclaimable at once, its attempt consumed."""
-        row = self._lookup(job_id)
+        row = self._claimed(job_id, lease)
         return row is not None and row.queue._lapse(row, lease)
 
     # -- time-driven work -----------------------------------------------------------------
@@ -1189,6 +1204,15 @@ class JobTable:
 
     def _format_id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
+
+    def _claimed(self, job_id: object, lease: object) -> _Row | None:
+        """The live row ``job_id`` names, for a report that holds ``lease``: found by the
+        lease when this table issued it for that job (``_leased``), else by the id. The
+        caller still checks the lease (``Queue._valid``)."""
+        entry = self._leased.get(lease) if lease.__class__ is str else None
+        if entry is not None and entry[0] == job_id:
+            return entry[1]
+        return self._lookup(job_id)
 
     def _lookup(self, job_id: object) -> _Row | None:
         """The live row an id names, or ``None`` (any malformed id names nothing)."""

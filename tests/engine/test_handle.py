@@ -78,6 +78,22 @@ def test_unknown_id_is_refused(table: JobTable, op: str) -> None:
     assert h.heartbeat() is True
 
 
+@pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat", "lapse"])
+def test_a_lease_names_only_its_own_job(table: JobTable, op: str) -> None:
+    """A report carrying one claim's lease but another job's id (or a malformed one) does
+    not land on either job: a lease proves nothing about a job it was not issued for."""
+    q = table.queue("q")
+    q.enqueue({"n": 1})
+    q.enqueue({"n": 2})
+    h1, h2 = q.claim_batch("w", 2)
+    before = (snapshot(table, h1.id), snapshot(table, h2.id))
+    assert getattr(table, op)(h2.id, h1.lease) is False
+    assert getattr(table, op)(h1.id.upper(), h1.lease) is False
+    assert table.ack_many([(h2.id, h1.lease), (h1.id, h2.lease)]) == [False, False]
+    assert (snapshot(table, h1.id), snapshot(table, h2.id)) == before
+    assert table.ack_many([(h1.id, h1.lease), (h2.id, h2.lease)]) == [True, True]
+
+
 def test_other_queues_id_is_unknown_to_queue_ops(table: JobTable) -> None:
     h = claimed(table)
     other = table.queue("other")

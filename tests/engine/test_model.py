@@ -874,6 +874,17 @@ class EngineVsModel(RuleBasedStateMachine):
                 )
 
     @invariant()
+    def lease_index_holds_only_live_claims(self) -> None:
+        """The table's index of its claims by lease (the acks' fast path) names only rows
+        still processing under that lease, by their own id: an entry left behind would
+        be a leak, and could land a report on a job the lease was not issued for."""
+        leased = self.table._leased
+        for lease, (job_id, row) in leased.items():
+            assert row.state == PROCESSING and row.lease == lease, (lease, job_id, row.state)
+            assert self.table._lookup(job_id) is row, (lease, job_id)
+        assert len(leased) <= sum(q.stats().processing for q in self.q.values())
+
+    @invariant()
     def next_event_agrees(self) -> None:
         due, future = self.model.next_event()
         got = self.table.next_event_at()
