@@ -13,7 +13,7 @@ from collections import deque
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-__all__ = ["Fifo", "Heap"]
+__all__ = ["Fifo", "Heap", "Line"]
 
 # Below this many stale entries a rebuild is not worth its cost.
 _MIN_STALE_TO_COMPACT = 64
@@ -46,6 +46,10 @@ class Heap:
     def rebuild(self) -> None:
         """Restore heap order after ``append`` calls, in O(n)."""
         heapify(self.items)
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        """Every entry, stale ones included, in no particular order."""
+        return self.items
 
     def top(self) -> tuple[Any, ...] | None:
         """The smallest live entry, or ``None``. Drops stale entries it meets."""
@@ -138,4 +142,97 @@ class Fifo:
             for priority, line in self._lines.items():
                 self._lines[priority] = deque(r for r in line if r._entry is _IN_FIFO)
             self.size -= self.stale
+            self.stale = 0
+
+
+class Line:
+    """A ``Heap`` for keys that mostly come in order, such as lease deadlines (claim time
+    plus the job's visibility timeout, where most jobs share one timeout).
+
+    An entry whose key is not below the last one appended joins a first-in-first-out
+    line: O(1) in and, at the head, out, where a heap paid O(log n) twice per job (a
+    push at the claim, a pop of the stale entry its ack left). Any other entry (a
+    shorter timeout, a lease ended early, a clock that stepped back) goes to a heap.
+    ``top`` is the smaller of the two heads. Same protocol as ``Heap``: the row's
+    attribute points to its live entry, and removal is lazy.
+    """
+
+    __slots__ = ("_attr", "_heap", "_line", "_top_in_line", "stale")
+
+    def __init__(self, attr: str) -> None:
+        self._attr = attr
+        self._line: deque[tuple[Any, ...]] = deque()  # keys in order
+        self._heap: list[tuple[Any, ...]] = []  # a heap of the rest
+        self._top_in_line = False  # which side the last top() found its entry on
+        self.stale = 0
+
+    def __len__(self) -> int:
+        return len(self._line) + len(self._heap) - self.stale
+
+    def push(self, entry: tuple[Any, ...]) -> None:
+        line = self._line
+        if not line or entry >= line[-1]:
+            line.append(entry)
+        else:
+            heappush(self._heap, entry)
+        setattr(entry[-1], self._attr, entry)
+
+    def append(self, entry: tuple[Any, ...]) -> None:
+        """Add an entry while loading, out of order; call ``rebuild`` after the last."""
+        self._heap.append(entry)
+        setattr(entry[-1], self._attr, entry)
+
+    def rebuild(self) -> None:
+        """Restore heap order after ``append`` calls, in O(n)."""
+        heapify(self._heap)
+
+    def entries(self) -> list[tuple[Any, ...]]:
+        """Every entry, stale ones included, in no particular order."""
+        return [*self._line, *self._heap]
+
+    def top(self) -> tuple[Any, ...] | None:
+        """The live entry with the smallest key, or ``None``; ``pop`` removes it."""
+        attr = self._attr
+        line = self._line
+        head = None
+        while line:
+            entry = line[0]
+            if getattr(entry[-1], attr) is entry:
+                head = line[0]
+                break
+            line.popleft()
+            self.stale -= 1
+        heap = self._heap
+        while heap:
+            entry = heap[0]
+            if getattr(entry[-1], attr) is entry:
+                if head is None or entry < head:
+                    self._top_in_line = False
+                    return heap[0]  # (not `entry`: mypy narrows it to Any after `is`)
+                break
+            heappop(heap)
+            self.stale -= 1
+        self._top_in_line = True
+        return head
+
+    def pop(self) -> tuple[Any, ...]:
+        """Remove and return the live entry ``top`` gives. Raises ``IndexError`` when
+        there is none. (Pops are rare: a lapse, a re-key after a heartbeat; the stale
+        entries acks leave go in ``top``.)"""
+        if self.top() is None:
+            raise IndexError("pop from an empty Line")
+        entry = self._line.popleft() if self._top_in_line else heappop(self._heap)
+        setattr(entry[-1], self._attr, None)
+        return entry
+
+    def forget(self, row: Any) -> None:
+        setattr(row, self._attr, None)
+        self.stale += 1
+        if self.stale > _MIN_STALE_TO_COMPACT and self.stale * 2 > len(self._line) + len(
+            self._heap
+        ):
+            attr = self._attr
+            self._line = deque(e for e in self._line if getattr(e[-1], attr) is e)
+            self._heap = [e for e in self._heap if getattr(e[-1], attr) is e]
+            heapify(self._heap)
             self.stale = 0

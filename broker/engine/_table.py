@@ -13,9 +13,10 @@ strings). Each ``Queue`` keeps its rows in exactly one place per state:
   rows whose lease has lapsed (their ready time is the lapsed ``deadline``: contract,
   "Claiming"). A claim takes the smaller head of the two.
 * ``_scheduled``: a heap keyed ``(ready_at, seq)`` of pending rows not yet ready.
-* ``_leases``: a heap keyed ``(deadline, seq)`` of processing rows. A heartbeat only
-  moves ``row.deadline`` later; the entry is re-keyed lazily when it reaches the top,
-  so a heartbeat is O(1).
+* ``_leases``: processing rows keyed ``(deadline, seq)``, in a ``Line`` (a heap with
+  a first-in-first-out fast lane for deadlines that come in order, as those of one
+  visibility timeout do). A heartbeat only moves ``row.deadline`` later; the entry is
+  re-keyed lazily when it reaches the top, so a heartbeat is O(1).
 * ``_expiry``: a heap keyed ``(expires_at, seq)`` of live rows that can expire.
 * ``_dead``: dead rows in the order they died (the clock never goes backwards, so
   this is ``died_at`` order), which makes retention a walk from the front.
@@ -39,7 +40,7 @@ from typing import Any, NamedTuple
 
 from . import _guards as guard
 from ._errors import InvalidArgument
-from ._heap import Fifo, Heap
+from ._heap import Fifo, Heap, Line
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
 
 __all__ = ["JobHandle", "JobTable", "Queue"]
@@ -128,7 +129,7 @@ class _Row:
         self.died_at: float | None = None
         self.key = key
         self._entry: tuple[Any, ...] | None = None
-        self._heap: Heap | Fifo | None = None
+        self._heap: Heap | Fifo | Line | None = None
         self._exp_entry: tuple[Any, ...] | None = None
 
 
@@ -256,7 +257,7 @@ class Queue:
         self._ready = Heap("_entry")
         self._fresh = Fifo()
         self._scheduled = Heap("_entry")
-        self._leases = Heap("_entry")
+        self._leases = Line("_entry")
         self._expiry = Heap("_exp_entry")
         self._exhausted: dict[int, _Row] = {}
         self._dead: OrderedDict[int, _Row] = OrderedDict()
@@ -741,7 +742,7 @@ class Queue:
 
     # -- the transitions' building blocks -------------------------------------------------
 
-    def _push(self, heap: Heap, entry: tuple[Any, ...]) -> None:
+    def _push(self, heap: Heap | Line, entry: tuple[Any, ...]) -> None:
         heap.push(entry)
         entry[-1]._heap = heap
 
@@ -1098,7 +1099,7 @@ class JobTable:
         held = []
         for queue in self._queues.values():
             queue._advance(now)
-            for entry in queue._leases.items:
+            for entry in queue._leases.entries():
                 row: _Row = entry[-1]
                 lease, worker_id = row.lease, row.worker_id
                 if row._entry is entry and lease is not None and worker_id is not None:
@@ -1162,7 +1163,7 @@ class JobTable:
         for queue in table._queues.values():
             for heap in (queue._ready, queue._scheduled, queue._leases):
                 heap.rebuild()
-                for entry in heap.items:
+                for entry in heap.entries():
                     entry[-1]._heap = heap
             queue._expiry.rebuild()
         table.start_journal()
