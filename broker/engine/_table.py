@@ -162,15 +162,15 @@ class JobHandle:
         "visibility_timeout_s",
     )
 
-    def __init__(self, queue: Queue, row: _Row) -> None:
+    def __init__(self, queue: Queue, row: _Row, job_id: str, lease: str, deadline: float) -> None:
+        """Made by ``Queue.claim_batch`` only, with the row's id and its new lease."""
         self._queue = queue
         self._row = row
         self._job: Job | None = None
-        self.id = queue._table._format_id(row.seq)
-        assert row.lease is not None and row.deadline is not None
-        self.lease: str = row.lease
+        self.id = job_id
+        self.lease = lease
         self.attempt: int = row.attempts
-        self.deadline: float = row.deadline
+        self.deadline = deadline
         # What a later retry, fail or redrive may change and the snapshot must not see.
         self._was = (row.worker_id, row.ready_at, row.last_error, row.died_at)
         # Plain attributes, not properties reading the row: every push reads each of
@@ -181,7 +181,8 @@ class JobHandle:
         self.max_attempts: int = row.max_attempts
         self.visibility_timeout_s: float = row.visibility_timeout_s
         #: When the job became claimable for this claim (its ready time, or its enqueue).
-        self.ready_since: float = max(row.ready_at, row.enqueued_at)
+        ready_at, enqueued_at = row.ready_at, row.enqueued_at
+        self.ready_since: float = ready_at if ready_at > enqueued_at else enqueued_at
 
     @property
     def job(self) -> Job:
@@ -482,6 +483,7 @@ class Queue:
         table = self._table
         journal = table._journal
         leased = table._leased
+        prefix = table.id_prefix
         while len(handles) < n:
             # The next row in contract order: the heap's top or a fresh line's head.
             entry = ready.top()
@@ -512,15 +514,18 @@ class Queue:
             row.state = PROCESSING
             row.attempts += 1
             row.worker_id = worker_id
-            row.lease = table._next_lease()
+            # A lease is the prefix, "L" and the count of leases issued, in hex; the id
+            # below is _format_id's (inlined here: two calls per claimed job).
+            table._leases_issued += 1
+            row.lease = lease = f"{prefix}L{table._leases_issued:x}"
             row.deadline = deadline = now + row.visibility_timeout_s
             self._n_processing += 1
             self._push(leases, (deadline, row.seq, row))
             if journal is not None:
                 table._journal_claim(row)
-            handle = JobHandle(self, row)
-            leased[handle.lease] = (handle.id, row)
-            handles.append(handle)
+            job_id = f"{prefix}{row.seq:x}"
+            leased[lease] = (job_id, row)
+            handles.append(JobHandle(self, row, job_id, lease, deadline))
         if handles:
             table._timing_dirty.add(self)
         return handles
@@ -1198,10 +1203,6 @@ class JobTable:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
-
-    def _next_lease(self) -> str:
-        self._leases_issued += 1
-        return f"{self.id_prefix}L{self._leases_issued:x}"
 
     def _format_id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
