@@ -162,9 +162,40 @@ class Session:
             reply = await future
         finally:
             self._pending.pop(rid, None)
-        if not reply.get("ok"):
-            raise error_from_reply(reply.get("error") or {})
-        return reply
+        return _answer_of(reply)
+
+    def request_now(self, op: str, fields: dict[str, Any]) -> asyncio.Future[Any]:
+        """``request``, but written at once instead of with the other frames of this loop
+        iteration: for a caller that already holds a write's worth (a worker's acks of
+        half its prefetch, so the broker refills that half while the rest run).
+
+        Returns a future of the reply. It fails with the ``ConveyorError`` the reply
+        carries, or ``ConnectionFailed`` as ``request`` does; cancelling it stops the wait
+        (the request may still be answered). Resent after a reconnect.
+        """
+        result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._fatal is not None:
+            result.set_exception(self._fatal)
+            return result
+        rid, frame, future = self._register(op, fields, True)
+
+        def answered(done: asyncio.Future[dict[str, Any]]) -> None:
+            self._pending.pop(rid, None)
+            if result.done():
+                return  # cancelled by the caller
+            if done.cancelled():
+                result.cancel()
+                return
+            try:
+                result.set_result(_answer_of(done.result()))
+            except Exception as exc:  # the refusal, or whatever failed the request
+                result.set_exception(exc)
+
+        future.add_done_callback(answered)
+        result.add_done_callback(lambda _: None if future.done() else future.cancel())
+        if self._ready:
+            self._write_now(frame)
+        return result
 
     def _register(
         self, op: str, fields: dict[str, Any], resend: bool
@@ -232,11 +263,15 @@ class Session:
         rid, frame, request = self._register("enqueue_each", {"jobs": jobs}, True)
         request.add_done_callback(lambda done: self._answer(rid, done, futures))
         if self._ready:
-            ws = self._ws
-            if ws is not None and not self._writing and not self._out and ws.writable:
-                ws.write_texts([frame])  # nothing queued before it: no need to wait
-            else:
-                asyncio.get_running_loop().create_task(self._send(frame))
+            self._write_now(frame)
+
+    def _write_now(self, frame: bytes) -> None:
+        """Write ``frame`` at once when nothing is queued ahead of it, else after that."""
+        ws = self._ws
+        if ws is not None and not self._writing and not self._out and ws.writable:
+            ws.write_texts([frame])  # nothing queued before it: no need to wait
+        else:
+            asyncio.get_running_loop().create_task(self._send(frame))
 
     def _answer(
         self,
@@ -477,3 +512,10 @@ def _unnest(error: dict[str, Any], where: str) -> dict[str, Any]:
     if isinstance(message, str) and message.startswith(where):
         message = message[len(where) :]
     return {**error, "field": field, "message": message}
+
+
+def _answer_of(reply: dict[str, Any]) -> Any:
+    """A request's successful reply; raises the ``ConveyorError`` a refusal carries."""
+    if not reply.get("ok"):
+        raise error_from_reply(reply.get("error") or {})
+    return reply

@@ -509,3 +509,20 @@ def test_a_forked_child_does_not_mask_with_the_parents_keys() -> None:
     child = os.read(read, 4)
     os.close(read)
     assert child != _masks.take()
+
+
+async def test_request_now_is_answered_with_the_reply_or_the_refusal(client: Client) -> None:
+    """``Session.request_now`` (a worker's acks go out through it) gives the reply, or
+    fails with the refusal the broker sent, like ``request``; cancelling it stops the
+    wait and leaves nothing waiting for an answer."""
+    session = client._session
+    reply = await session.request_now("stats", {})
+    assert reply["ok"] is True and "queues" in reply
+    with pytest.raises(ConveyorError) as refused:
+        await session.request_now("no_such_op", {})
+    assert refused.value.code == "unknown_op"
+    waiting = session.request_now("stats", {})
+    waiting.cancel()
+    for _ in range(2):  # a future's callbacks run a loop turn later: the wait's, then its request's
+        await asyncio.sleep(0)
+    assert not session._pending

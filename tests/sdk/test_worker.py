@@ -42,6 +42,34 @@ async def test_handlers_that_end_together_are_acked_in_one_frame(
     assert len(frames) < 20 and all(h.op == "ack_batch" for h in frames)
 
 
+async def test_acks_go_out_at_half_the_prefetch_while_the_rest_still_end(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    """Handlers that end in one loop iteration send their acks as soon as half the
+    prefetch is waiting, not all at the iteration's end: the broker then refills that half
+    of the window while the worker ends the rest. (With one ack frame for the whole
+    window, worker and broker took turns, each idle while the other worked.)"""
+    worker = make_worker(broker, "halves", prefetch=8)
+    started: list[str] = []
+    release = asyncio.Event()
+
+    @worker.handler("halves")
+    async def handle(job: Job) -> None:
+        started.append(job.id)
+        probe.poke()
+        await release.wait()  # all eight wake, and end, in one iteration
+
+    ids = await client.enqueue_many("halves", list(range(8)))
+    async with running(worker, probe):
+        await probe.wait_for(lambda: len(started) == 8)
+        release.set()
+        await probe.count("ack", 8)
+    assert sorted(h.id for h in probe.handled("ack")) == sorted(ids)
+    assert all(h.result == {"landed": True} for h in probe.handled("ack"))
+    frames = [h for h in probe.log if h.op == "ack_batch"]
+    assert [len(h.fields["items"]) for h in frames] == [4, 4]
+
+
 @with_config(max_batch=4)
 async def test_acks_that_end_together_are_split_at_the_brokers_max_batch(
     broker: Broker, client: Client, probe: Probe
