@@ -145,7 +145,7 @@ class Fifo:
             self.stale = 0
 
 
-class Line:
+class Line(Heap):
     """A ``Heap`` for keys that mostly come in order, such as lease deadlines (claim time
     plus the job's visibility timeout, where most jobs share one timeout).
 
@@ -157,38 +157,27 @@ class Line:
     attribute points to its live entry, and removal is lazy.
     """
 
-    __slots__ = ("_attr", "_heap", "_line", "_top_in_line", "stale")
+    __slots__ = ("_line", "_top_in_line")
 
     def __init__(self, attr: str) -> None:
-        self._attr = attr
+        super().__init__(attr)  # its ``items``: the heap of the entries out of order
         self._line: deque[tuple[Any, ...]] = deque()  # keys in order
-        self._heap: list[tuple[Any, ...]] = []  # a heap of the rest
         self._top_in_line = False  # which side the last top() found its entry on
-        self.stale = 0
 
     def __len__(self) -> int:
-        return len(self._line) + len(self._heap) - self.stale
+        return len(self._line) + len(self.items) - self.stale
 
     def push(self, entry: tuple[Any, ...]) -> None:
         line = self._line
         if not line or entry >= line[-1]:
             line.append(entry)
         else:
-            heappush(self._heap, entry)
+            heappush(self.items, entry)
         setattr(entry[-1], self._attr, entry)
-
-    def append(self, entry: tuple[Any, ...]) -> None:
-        """Add an entry while loading, out of order; call ``rebuild`` after the last."""
-        self._heap.append(entry)
-        setattr(entry[-1], self._attr, entry)
-
-    def rebuild(self) -> None:
-        """Restore heap order after ``append`` calls, in O(n)."""
-        heapify(self._heap)
 
     def entries(self) -> list[tuple[Any, ...]]:
         """Every entry, stale ones included, in no particular order."""
-        return [*self._line, *self._heap]
+        return [*self._line, *self.items]
 
     def top(self) -> tuple[Any, ...] | None:
         """The live entry with the smallest key, or ``None``; ``pop`` removes it."""
@@ -202,7 +191,7 @@ class Line:
                 break
             line.popleft()
             self.stale -= 1
-        heap = self._heap
+        heap = self.items
         while heap:
             entry = heap[0]
             if getattr(entry[-1], attr) is entry:
@@ -221,7 +210,7 @@ class Line:
         entries acks leave go in ``top``.)"""
         if self.top() is None:
             raise IndexError("pop from an empty Line")
-        entry = self._line.popleft() if self._top_in_line else heappop(self._heap)
+        entry = self._line.popleft() if self._top_in_line else heappop(self.items)
         setattr(entry[-1], self._attr, None)
         return entry
 
@@ -229,10 +218,10 @@ class Line:
         setattr(row, self._attr, None)
         self.stale += 1
         if self.stale > _MIN_STALE_TO_COMPACT and self.stale * 2 > len(self._line) + len(
-            self._heap
+            self.items
         ):
             attr = self._attr
             self._line = deque(e for e in self._line if getattr(e[-1], attr) is e)
-            self._heap = [e for e in self._heap if getattr(e[-1], attr) is e]
-            heapify(self._heap)
+            self.items = [e for e in self.items if getattr(e[-1], attr) is e]
+            heapify(self.items)
             self.stale = 0

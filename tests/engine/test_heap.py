@@ -86,7 +86,7 @@ def test_in_order_entries_skip_the_heap() -> None:
     rows = [Row(i) for i in range(100)]
     for i, row in enumerate(rows):
         line.push((1000.0 + i, i, row))
-    assert not line._heap
+    assert not line.items
     for row in rows[:60]:
         line.forget(row)
     top = line.top()
@@ -94,7 +94,7 @@ def test_in_order_entries_skip_the_heap() -> None:
     assert len(line._line) == 40 and line.stale == 0
     early = Row(100)
     line.push((999.0, 100, early))  # a lease ended early goes to the heap, and first
-    assert line.top() == (999.0, 100, early) and len(line._heap) == 1
+    assert line.top() == (999.0, 100, early) and len(line.items) == 1
     assert line.pop() == (999.0, 100, early)
     assert line.pop()[1] == 60
     for row in rows[61:]:
