@@ -352,7 +352,7 @@ class Worker:
                     self._finished(job)
         finally:
             # _finished may have started this job's next attempt under the same id.
-            if self._tasks.get(job_id) is asyncio.current_task():
+            if self._tasks.get(job_id) is asyncio.current_task(self._loop):
                 del self._tasks[job_id]
 
     def _finished(self, job: Job) -> None:
