@@ -129,7 +129,7 @@ class _Row:
         self.died_at: float | None = None
         self.key = key
         self._entry: tuple[Any, ...] | None = None
-        self._heap: Heap | Fifo | Line | None = None
+        self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
 
 
@@ -747,7 +747,7 @@ class Queue:
 
     # -- the transitions' building blocks -------------------------------------------------
 
-    def _push(self, heap: Heap | Line, entry: tuple[Any, ...]) -> None:
+    def _push(self, heap: Heap, entry: tuple[Any, ...]) -> None:
         heap.push(entry)
         entry[-1]._heap = heap
 
