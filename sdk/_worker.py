@@ -104,10 +104,10 @@ class Worker:
         self._running: set[str] = set()  # ids whose handler is running now
         self._cancelled: set[str] = set()
         self._killing = False  # a second signal: cancel handlers, start no more
-        # The acks of handlers that ended in this loop iteration, sent together, and the
-        # tasks sending earlier ones.
+        # The acks of handlers that ended in this loop iteration and are not sent yet,
+        # and the replies awaited to ack_batch requests sent earlier.
         self._acks: list[Job] = []
-        self._senders: set[asyncio.Future[Any]] = set()  # ack_batch replies awaited
+        self._senders: set[asyncio.Future[Any]] = set()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -238,7 +238,7 @@ class Worker:
             self._tasks[job_id].cancel()
 
     async def _cancel_jobs(self) -> None:
-        """``run()`` is ending: cancel every job task and ack sender left, and wait for
+        """``run()`` is ending: cancel every job task and ack reply still awaited, and wait for
         them to end."""
         self._killing = True
         tasks = [*self._tasks.values(), *self._senders]
