@@ -52,7 +52,16 @@ _FRAME_PAYLOAD_BUDGET = 256 * 1024
 class Subscription:
     """One worker connection's subscription: its queues, its window, its leases."""
 
-    __slots__ = ("flush", "in_flight", "owner", "prefetch", "queues", "send", "worker_id")
+    __slots__ = (
+        "flush",
+        "in_flight",
+        "owner",
+        "prefetch",
+        "queues",
+        "send",
+        "send_early",
+        "worker_id",
+    )
 
     def __init__(
         self,
@@ -62,12 +71,16 @@ class Subscription:
         send: Callable[[dict[str, Any]], None],
         owner: object = None,
         flush: Callable[[], None] = lambda: None,
+        send_early: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.owner = owner  # the server's connection, opaque here (the dashboard reads it)
         self.queues = queues
         self.prefetch = prefetch
         self.send = send  # queues one frame on the connection; never blocks
+        # The same for a jobs push that need not wait for the fsync of its claims (none
+        # is any job's last attempt; see broker/commit.py); ``send`` when not given.
+        self.send_early = send if send_early is None else send_early
         # Writes what send queued now, rather than at the loop's next turn; never blocks.
         self.flush = flush
         self.in_flight: dict[str, str] = {}  # lease -> job id
@@ -375,14 +388,20 @@ class Dispatcher:
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
         size = 0
+        # A frame with a job's last attempt waits for the fsync of its claim, so that a
+        # power loss cannot forget that attempt and start the job once more than its
+        # max_attempts allow; the others may leave once their claims are written.
+        last = False
         for handle in handles:
             frame.append(pushed_job(handle))
             size += len(handle.payload_json)
+            if handle.attempt >= handle.max_attempts:
+                last = True
             if size >= _FRAME_PAYLOAD_BUDGET or len(frame) >= per_frame:
-                sub.send(jobs_push(frame))
-                frame, size = [], 0
+                (sub.send if last else sub.send_early)(jobs_push(frame))
+                frame, size, last = [], 0, False
         if frame:
-            sub.send(jobs_push(frame))
+            (sub.send if last else sub.send_early)(jobs_push(frame))
         self.pushed += len(handles)
 
     # -- time -----------------------------------------------------------------------------

@@ -213,7 +213,13 @@ def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
         broker.check_queue_name(name, f"queues[{i}]")
     queues = [broker.queue(name) for name in f["queues"]]
     sub = Subscription(
-        f["worker_id"], queues, prefetch, conn.send, owner=conn, flush=conn.flush_now
+        f["worker_id"],
+        queues,
+        prefetch,
+        conn.send,
+        owner=conn,
+        flush=conn.flush_now,
+        send_early=conn.send_early,
     )
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub

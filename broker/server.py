@@ -41,6 +41,7 @@ from sdk._wire import (
     METRICS_PATH,
     WS_PATH,
     ErrorCode,
+    Op,
     Role,
     WireError,
     binary_frame_error,
@@ -446,6 +447,7 @@ class Connection:
         self._wake = asyncio.Event()
         self._loop = asyncio.get_running_loop()
         self._flush_soon = False
+        self._early_pushes = False  # see send_early
         self._bad_in_a_row = 0
         self._closing = False
         self.connected_at = broker.clock()
@@ -520,6 +522,26 @@ class Connection:
             self._deliver(encode(frame))
         else:
             gate.hold(self._deliver, encode(frame))
+
+    def send_early(self, frame: dict[str, Any]) -> None:
+        """Like ``send``, for a ``jobs`` push whose claims may leave once they are written,
+        before the fsync (see ``broker/commit.py``). Until this connection's ``subscribe``
+        is answered its pushes wait like any frame, so that the reply comes first."""
+        gate = self.broker.gate
+        if gate is None or not self._early_pushes:
+            self.send(frame)
+        elif not self._closing:
+            gate.hold(self._deliver_now, encode(frame), early=True)
+
+    def _deliver_now(self, data: bytes) -> None:
+        # An early frame is written before the fsync that follows at once.
+        self._deliver(data)
+        self.flush_now()
+
+    def _deliver_subscribed(self, data: bytes) -> None:
+        # The reply to subscribe: from now on this connection's pushes may leave early.
+        self._deliver(data)
+        self._early_pushes = True
 
     def push_now(self, frame: dict[str, Any]) -> None:
         """Queue a frame that confirms nothing (a dashboard snapshot): no commit wait."""
@@ -709,10 +731,23 @@ class Connection:
             self._refuse(WireError(ErrorCode.INTERNAL, "internal error", rid=rid))
             return
         self._bad_in_a_row = 0
-        if rid is not None:
+        if spec.op is Op.SUBSCRIBE:
+            self._answer_subscribe(rid, result)
+        elif rid is not None:
             self.send(ok_reply(rid, result))
         elif self.broker.gate is not None:
             self.broker.gate.poke()  # a fire-and-forget change still gets committed
+
+    def _answer_subscribe(self, rid: Any, result: dict[str, Any] | None) -> None:
+        gate = self.broker.gate
+        if rid is None:
+            self._early_pushes = True  # no reply to come first
+            if gate is not None:
+                gate.poke()
+        elif gate is None or self._closing:
+            self.send(ok_reply(rid, result))
+        else:
+            gate.hold(self._deliver_subscribed, encode(ok_reply(rid, result)))
 
     def _refuse(self, exc: WireError) -> None:
         self.send(exc.reply())

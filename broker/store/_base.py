@@ -41,10 +41,12 @@ class Store(Protocol):
         """The table as last committed (a new empty one the first time). Raises StoreError."""
         ...
 
-    def commit_now(self, changes: Changes) -> bool:
+    def commit_now(self, changes: Changes, written: Callable[[], None] = ...) -> bool:
         """Write ``changes`` here and now, durable as ``commit`` would make them, when
         that is quick (no checkpoint due, no slow disk), and return ``True``; else write
-        nothing and return ``False``: then call ``commit``. Raises StoreError."""
+        nothing and return ``False``: then call ``commit``. ``written`` is called once the
+        changes are written, so that they survive a killed broker, before anything more
+        (an fsync) that ``durable`` asks; it must not raise. Raises StoreError."""
         ...
 
     async def commit(self, changes: Changes) -> None:

@@ -29,7 +29,9 @@ class MemoryStore:
             clock=clock, rng=rng, max_payload_bytes=max_payload_bytes, id_prefix=id_prefix
         )
 
-    def commit_now(self, changes: Changes) -> bool:  # pragma: no cover - never called
+    def commit_now(  # pragma: no cover - never called
+        self, changes: Changes, written: Callable[[], None] = lambda: None
+    ) -> bool:
         raise RuntimeError("the memory store keeps no changes")
 
     async def commit(self, changes: Changes) -> None:  # pragma: no cover - never called

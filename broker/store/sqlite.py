@@ -160,6 +160,10 @@ _UPSERT_QUEUE = (
 )
 
 
+def _nothing() -> None:
+    pass
+
+
 class SqliteStore:
     """A job table kept in the SQLite file at ``path``. See the module docstring."""
 
@@ -331,9 +335,12 @@ class SqliteStore:
 
     # -- writing --------------------------------------------------------------------------
 
-    def commit_now(self, changes: Changes) -> bool:
+    def commit_now(self, changes: Changes, written: Callable[[], None] = _nothing) -> bool:
         """Write ``changes`` here and now and return ``True`` when this commit can be made
         on the caller's thread; else write nothing and return ``False`` (call ``commit``).
+        ``written`` is called once the commit is in the WAL (it then survives a killed
+        broker), before the fsync that ``full`` adds: the commit gate releases there the
+        frames that need no more (pushed claims, see ``broker/commit.py``).
 
         ``normal``: every commit but a checkpointing one that must restart the WAL (see
         ``_RESTART_FRAMES``), which ``commit`` takes to the writer thread; a checkpoint
@@ -351,6 +358,7 @@ class SqliteStore:
             return False
         self._since_checkpoint = 0 if turn else self._since_checkpoint + 1
         self.write(changes)
+        written()
         if self.slow_commits:
             took = self._sync_wal()
             if took > _INLINE_FSYNC_LIMIT_S:

@@ -5,6 +5,7 @@ stops (broker/commit.py). Both ways a commit is made: at once on the event loop
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import orjson
@@ -44,3 +45,31 @@ async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
         assert written == []  # the enqueue's reply never left
         assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
         await ws.close()
+
+
+async def test_a_failed_fsync_after_a_push_left_sends_no_reply_and_stops_the_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With --sync full a push leaves once its claim is written, before the fsync (see
+    # broker/commit.py); the reply to the enqueue waits for the fsync, which fails here.
+    written = record_writes(monkeypatch)
+    config = Config(port=0, store="sqlite", db_path=str(tmp_path / "c.db"), sync="full")
+    async with running_broker(config) as broker:
+        worker = await connect(broker.url)
+        request = {"op": "subscribe", "rid": 1, "worker_id": "w", "queues": ["q"]}
+        await worker.send(orjson.dumps(request).decode())
+        assert orjson.loads(await asyncio.wait_for(worker.recv(), WAIT))["ok"] is True
+        publisher = await connect(broker.url)
+        written.clear()
+
+        def fail(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", fail)
+        request = {"op": "enqueue", "rid": 2, "queue": "q", "payload": 1}
+        await publisher.send(orjson.dumps(request).decode())
+        await asyncio.wait_for(broker.stopped.wait(), WAIT)
+        assert [orjson.loads(frame).get("push") for frame in written] == ["jobs"]
+        assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
+        await worker.close()
+        await publisher.close()

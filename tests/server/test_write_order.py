@@ -1,12 +1,48 @@
-"""The order in which one loop turn's frames reach the sockets (memory store: no commit
-gate in between). A job waiting for a worker is the latency a user sees, so the push it
-makes goes out before the reply to the enqueue that made it."""
+"""The order in which one loop turn's frames reach the sockets, and where the fsync of
+``--sync full`` falls among them.
+
+Memory store (no commit gate): a job waiting for a worker is the latency a user sees, so
+the push it makes goes out before the reply to the enqueue that made it.
+
+SQLite store with ``--sync full``: a reply waits for the fsync of what it confirms. A push
+waits only until its claim is written (it then survives a killed broker), so the worker
+starts while the disk syncs, unless it carries a job's last attempt: that one waits for
+the fsync, so that a power loss cannot forget the attempt and start the job once more
+than ``max_attempts`` allows.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import pytest
 
-from .conftest import ClientFactory, record_writes
+from broker import server
+from broker.store import sqlite as sqlite_store
+
+from .conftest import ClientFactory, record_writes, with_config
+
+
+def kinds_of(written: list[bytes]) -> list[str]:
+    return [
+        "fsync" if frame == FSYNC else "push" if frame.startswith(b'{"push"') else "reply"
+        for frame in written
+    ]
+
+
+FSYNC = b"<fsync>"
+
+
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch, written: list[bytes]) -> None:
+    """Note each fsync of the WAL in ``written``, where it falls among the frames."""
+    fdatasync = os.fdatasync
+
+    def noting(fd: int) -> None:
+        fdatasync(fd)
+        written.append(FSYNC)
+
+    monkeypatch.setattr(os, "fdatasync", noting)
 
 
 async def test_a_push_is_written_before_the_reply_that_made_it(
@@ -20,3 +56,125 @@ async def test_a_push_is_written_before_the_reply_that_made_it(
     await worker.jobs(1)
     kinds = ["push" if frame.startswith(b'{"push"') else "reply" for frame in written]
     assert kinds == ["push", "reply"]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_with_fsync_a_push_leaves_before_the_fsync_and_the_reply_after_it(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    await publisher.call("enqueue", queue="order", payload=1, max_attempts=2)
+    [job] = await worker.jobs(1)
+    # One commit holds the job and its claim: the push is out once it is written.
+    assert kinds_of(written) == ["push", "fsync", "reply"]
+    written.clear()
+    await worker.call("ack", id=job["id"], lease=job["lease"])
+    assert kinds_of(written) == ["fsync", "reply"]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_with_fsync_a_jobs_last_attempt_waits_for_the_fsync(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    await publisher.call("enqueue", queue="order", payload=1, max_attempts=1)
+    await worker.jobs(1)
+    kinds = kinds_of(written)
+    assert kinds.count("fsync") == 1
+    assert kinds.index("fsync") < kinds.index("push")
+    # The same when the frame's other jobs have attempts left: one such job holds it.
+    written.clear()
+    await worker.call("pause", queue="order")
+    await publisher.call(
+        "enqueue_batch",
+        queue="order",
+        jobs=[{"payload": 2, "max_attempts": 3}, {"payload": 3, "max_attempts": 1}],
+    )
+    await worker.call("resume", queue="order")
+    jobs = await worker.jobs(2)
+    assert sorted(job["payload"] for job in jobs) == [2, 3]
+    kinds = kinds_of(written)
+    assert kinds.index("fsync") < kinds.index("push")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+@with_config(sync="normal")
+async def test_without_fsync_a_push_and_its_reply_leave_once_written(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    await publisher.call("enqueue", queue="order", payload=1)
+    await worker.jobs(1)
+    assert sorted(kinds_of(written)) == ["push", "reply"]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_a_commit_made_on_the_writer_thread_holds_its_pushes_to_the_fsync(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every commit checkpoints, so every one goes whole to the writer thread.
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    await publisher.call("enqueue", queue="order", payload=1)
+    await worker.jobs(1)
+    kinds = kinds_of(written)
+    assert kinds.index("fsync") < kinds.index("push")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_with_fsync_the_reply_to_subscribe_still_comes_before_any_push(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher = await client()
+    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(3)])
+    worker = await client()
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    await worker.send(
+        {"op": "subscribe", "rid": "s", "worker_id": "w", "queues": ["order"], "prefetch": 4}
+    )
+    first: dict[str, Any] = await worker.recv()
+    assert first.get("rid") == "s", first
+    # The claims made at subscribe are one commit; its pushes waited for the reply.
+    assert kinds_of(written) == ["fsync", "reply", "push"]
+    assert len(await worker.jobs(3)) == 3
+    # Later pushes on this connection leave before their fsync again.
+    written.clear()
+    await publisher.call("enqueue", queue="order", payload=9)
+    await worker.jobs(1)
+    assert kinds_of(written) == ["push", "fsync", "reply"]
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_reply(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+
+    def broken(self: Any, data: bytes) -> None:
+        raise RuntimeError("a bug in one connection's write path")
+
+    monkeypatch.setattr(server.Connection, "_deliver_now", broken)
+    reply = await publisher.call("enqueue", queue="order", payload=1)
+    assert reply["id"]
+    assert "an early frame could not be delivered" in caplog.text
+    stats = await publisher.call("stats", queue="order")
+    assert stats["queues"]["order"]["processing"] == 1  # the claim was committed all the same
