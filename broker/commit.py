@@ -25,8 +25,9 @@ the worker starts on it while the disk syncs. (Waiting for the fsync cost the 1-
 drain on ``--sync full`` about a fifth of its rate: the broker's loop did nothing else
 meanwhile.) A power loss in that window can forget the claim: the job is then handed out
 again without that attempt counted, as after any lost lease. The dispatcher therefore
-holds a job's last attempt to the fsync (see ``Dispatcher._push``), so ``max_attempts``
-still bounds how often a job starts across a power loss.
+holds a push of a job's last attempt to the fsync (see ``Dispatcher._push``): once that
+attempt has gone out, no power loss hands the job out again (``max_attempts=1`` means at
+most one start).
 """
 
 from __future__ import annotations

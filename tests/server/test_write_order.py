@@ -7,8 +7,8 @@ the push it makes goes out before the reply to the enqueue that made it.
 SQLite store with ``--sync full``: a reply waits for the fsync of what it confirms. A push
 waits only until its claim is written (it then survives a killed broker), so the worker
 starts while the disk syncs, unless it carries a job's last attempt: that one waits for
-the fsync, so that a power loss cannot forget the attempt and start the job once more
-than ``max_attempts`` allows.
+the fsync, so that once a job's last attempt has gone out no power loss hands it out
+again (``max_attempts`` 1 means at most one start).
 """
 
 from __future__ import annotations
