@@ -133,8 +133,7 @@ class CommitGate:
             self.batches += 1
             _release(held)
             return
-        # Written on another thread, or with a checkpoint: the early frames wait too.
-        self._inflight = self._loop().create_task(self._commit(changes, early + held))
+        self._inflight = self._loop().create_task(self._commit(changes, early, held))
 
     def _fail(self, exc: StoreError) -> None:
         # Nothing more can be promised: hold every frame back and stop the broker.
@@ -142,9 +141,14 @@ class CommitGate:
         log.critical("the store failed; stopping: %s", exc)
         self._on_failure(exc)
 
-    async def _commit(self, changes: Changes, held: list[tuple[Deliver, bytes]]) -> None:
+    async def _commit(
+        self,
+        changes: Changes,
+        early: list[tuple[Deliver, bytes]],
+        held: list[tuple[Deliver, bytes]],
+    ) -> None:
         try:
-            await self._store.commit(changes)
+            await self._store.commit(changes, lambda: _release_early(early))
         except StoreError as exc:
             self._fail(exc)
             return

@@ -49,8 +49,10 @@ class Store(Protocol):
         (an fsync) that ``durable`` asks; it must not raise. Raises StoreError."""
         ...
 
-    async def commit(self, changes: Changes) -> None:
-        """Write ``changes`` in one transaction; return once it is durable. Raises StoreError."""
+    async def commit(self, changes: Changes, written: Callable[[], None] = ...) -> None:
+        """Write ``changes`` in one transaction; return once it is durable, having
+        called ``written`` once they were written (as in ``commit_now``). Raises
+        StoreError."""
         ...
 
     def close(self) -> None:

@@ -34,7 +34,9 @@ class MemoryStore:
     ) -> bool:
         raise RuntimeError("the memory store keeps no changes")
 
-    async def commit(self, changes: Changes) -> None:  # pragma: no cover - never called
+    async def commit(  # pragma: no cover - never called
+        self, changes: Changes, written: Callable[[], None] = lambda: None
+    ) -> None:
         raise RuntimeError("the memory store keeps no changes")
 
     def close(self) -> None:

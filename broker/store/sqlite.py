@@ -373,10 +373,12 @@ class SqliteStore:
             self._side = self._checkpointer.submit(self._side_checkpoint)
         return True
 
-    async def commit(self, changes: Changes) -> None:
+    async def commit(self, changes: Changes, written: Callable[[], None] = _nothing) -> None:
         """Write one batch in one transaction; return when it is as durable as ``sync``
         makes it. Raises ``StoreError`` when the write or the fsync fails: the broker
-        must then promise nothing more.
+        must then promise nothing more. ``written`` is called as in ``commit_now``: once
+        the batch is written, before the writer thread fsyncs it (a checkpointing commit,
+        written on that thread, calls it at the end).
 
         The write happens here and now, with no fsync in it. ``full``: then the writer
         thread fsyncs the WAL, and this returns after that. ``normal``: nothing to wait
@@ -395,11 +397,14 @@ class SqliteStore:
             self._since_checkpoint = 0
             if self._whole_checkpoint_due():
                 await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
+                written()
                 return
             self.write(changes)
+            written()
             self._side = self._checkpointer.submit(self._side_checkpoint)
             return
         self.write(changes)
+        written()
         if self.slow_commits:
             await loop.run_in_executor(self._writer, self._sync_wal)
 

@@ -14,11 +14,14 @@ again (``max_attempts`` 1 means at most one start).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import pytest
 
 from broker import server
+from broker.server import Broker
+from broker.store import SqliteStore
 from broker.store import sqlite as sqlite_store
 
 from .conftest import ClientFactory, record_writes, with_config
@@ -121,10 +124,11 @@ async def test_without_fsync_a_push_and_its_reply_leave_once_written(
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite"])
-async def test_a_commit_made_on_the_writer_thread_holds_its_pushes_to_the_fsync(
+async def test_a_checkpointing_commit_holds_its_pushes_to_the_fsync(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every commit checkpoints, so every one goes whole to the writer thread.
+    # Every commit checkpoints, so every one goes whole to the writer thread: written
+    # there, fsynced and checkpointed, and only then are its frames let go.
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
     publisher = await client()
     worker = await client()
@@ -135,6 +139,31 @@ async def test_a_commit_made_on_the_writer_thread_holds_its_pushes_to_the_fsync(
     await worker.jobs(1)
     kinds = kinds_of(written)
     assert kinds.index("fsync") < kinds.index("push")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_with_its_fsyncs_on_the_writer_thread_a_push_still_leaves_before_them(
+    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a slow fsync the store sends the fsyncs of the next commits to its writer
+    # thread (SqliteStore.commit_now); they are still written on the loop first.
+    store = broker.store
+    assert isinstance(store, SqliteStore)
+    publisher = await client()
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    store._offloaded_until = store.commits + 1000
+    written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    threads: list[str] = []
+    fdatasync = os.fdatasync
+    monkeypatch.setattr(
+        os, "fdatasync", lambda fd: (threads.append(threading.current_thread().name), fdatasync(fd))
+    )
+    await publisher.call("enqueue", queue="order", payload=1)
+    await worker.jobs(1)
+    assert kinds_of(written) == ["push", "fsync", "reply"]
+    assert threads and all(name.startswith("conveyor-sqlite") for name in threads)
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite"])
