@@ -2,7 +2,8 @@
 
 With a durable store, a reply must not leave before what it confirms is durable
 (publisher confirms), and a pushed job should not carry a lease the broker would
-forget in a crash. So every outgoing frame is *held* here. At the end of each loop
+forget in a crash of its own (see *early* frames below). So every outgoing frame is
+*held* here. At the end of each loop
 iteration the gate takes everything the engine changed since the last commit
 (``JobTable.take_changes()``), writes it in one transaction on the store's thread,
 and releases the frames held meanwhile when that transaction returns. While one

@@ -2,8 +2,8 @@
 
 Durability (docs in README, "What is promised"): the database runs in WAL mode. With
 ``sync="full"`` (the default) the WAL is fsynced after every commit, before the commit's
-frames are released, so a committed batch survives an OS crash or power loss, not only a
-killed process. ``sync="normal"`` fsyncs only at checkpoints: a killed process loses
+replies are released, so a committed batch survives an OS crash or power loss, not only a
+killed process (pushes go once written, before the fsync: see ``broker/commit.py``). ``sync="normal"`` fsyncs only at checkpoints: a killed process loses
 nothing committed, but an OS crash may lose the last batches. It is faster, and weaker,
 and must be asked for.
 
@@ -13,7 +13,7 @@ the write to a thread cost several times the write itself: Python's sqlite3 lets
 the GIL around every row's step, so a thread writing while the loop is busy waited for
 the GIL once per row. With ``full``, the store then fsyncs the WAL itself
 (``os.fdatasync`` on the WAL file, which is what SQLite's ``synchronous=FULL`` does at a
-commit in WAL mode) before the gate releases the commit's frames: on the same thread
+commit in WAL mode) before the gate releases the commit's replies: on the same thread
 while fsyncs are fast, on the writer thread for a while after a slow one (see
 ``commit_now``). The one other part that fsyncs, the checkpoint that copies the WAL back
 into the database, comes with every ``_CHECKPOINT_EVERY``-th commit (SQLite's automatic
