@@ -3,9 +3,10 @@
 Durability (docs in README, "What is promised"): the database runs in WAL mode. With
 ``sync="full"`` (the default) the WAL is fsynced after every commit, before the commit's
 replies are released, so a committed batch survives an OS crash or power loss, not only a
-killed process (pushes go once written, before the fsync: see ``broker/commit.py``). ``sync="normal"`` fsyncs only at checkpoints: a killed process loses
-nothing committed, but an OS crash may lose the last batches. It is faster, and weaker,
-and must be asked for.
+killed process (pushes go once written, before the fsync: see ``broker/commit.py``).
+``sync="normal"`` fsyncs only at checkpoints: a killed process loses nothing committed,
+but an OS crash may lose the last batches. It is faster, and weaker, and must be asked
+for.
 
 A commit is written into the WAL on the caller's (the event loop's) thread, with SQLite's
 own ``synchronous=NORMAL``: no fsync inside it, tens of microseconds for a batch. Handing

@@ -24,7 +24,7 @@ from broker.server import Broker
 from broker.store import SqliteStore
 from broker.store import sqlite as sqlite_store
 
-from .conftest import ClientFactory, record_writes, with_config
+from .conftest import ClientFactory, RawClient, record_writes, with_config
 
 
 def kinds_of(written: list[bytes]) -> list[str]:
@@ -48,13 +48,23 @@ def record_fsyncs(monkeypatch: pytest.MonkeyPatch, written: list[bytes]) -> None
     monkeypatch.setattr(os, "fdatasync", noting)
 
 
-async def test_a_push_is_written_before_the_reply_that_made_it(
+async def subscribed(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[RawClient, RawClient, list[bytes]]:
+    """A publisher and a worker subscribed to ``order`` (prefetch 4); then every frame
+    written and every fsync of the WAL from now on, in order (see ``kinds_of``)."""
     publisher = await client()
     worker = await client()
     await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
     written = record_writes(monkeypatch)
+    record_fsyncs(monkeypatch, written)
+    return publisher, worker, written
+
+
+async def test_a_push_is_written_before_the_reply_that_made_it(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1)
     await worker.jobs(1)
     kinds = ["push" if frame.startswith(b'{"push"') else "reply" for frame in written]
@@ -65,11 +75,7 @@ async def test_a_push_is_written_before_the_reply_that_made_it(
 async def test_with_fsync_a_push_leaves_before_the_fsync_and_the_reply_after_it(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
-    written = record_writes(monkeypatch)
-    record_fsyncs(monkeypatch, written)
+    publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1, max_attempts=2)
     [job] = await worker.jobs(1)
     # One commit holds the job and its claim: the push is out once it is written.
@@ -83,11 +89,7 @@ async def test_with_fsync_a_push_leaves_before_the_fsync_and_the_reply_after_it(
 async def test_with_fsync_a_jobs_last_attempt_waits_for_the_fsync(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
-    written = record_writes(monkeypatch)
-    record_fsyncs(monkeypatch, written)
+    publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1, max_attempts=1)
     await worker.jobs(1)
     kinds = kinds_of(written)
@@ -113,11 +115,7 @@ async def test_with_fsync_a_jobs_last_attempt_waits_for_the_fsync(
 async def test_without_fsync_a_push_and_its_reply_leave_once_written(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
-    written = record_writes(monkeypatch)
-    record_fsyncs(monkeypatch, written)
+    publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1)
     await worker.jobs(1)
     assert sorted(kinds_of(written)) == ["push", "reply"]
@@ -130,11 +128,7 @@ async def test_a_checkpointing_commit_holds_its_pushes_to_the_fsync(
     # Every commit checkpoints, so every one goes whole to the writer thread: written
     # there, fsynced and checkpointed, and only then are its frames let go.
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
-    written = record_writes(monkeypatch)
-    record_fsyncs(monkeypatch, written)
+    publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1)
     await worker.jobs(1)
     kinds = kinds_of(written)
@@ -149,12 +143,8 @@ async def test_with_its_fsyncs_on_the_writer_thread_a_push_still_leaves_before_t
     # thread (SqliteStore.commit_now); they are still written on the loop first.
     store = broker.store
     assert isinstance(store, SqliteStore)
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    publisher, worker, written = await subscribed(client, monkeypatch)
     store._offloaded_until = store.commits + 1000
-    written = record_writes(monkeypatch)
-    record_fsyncs(monkeypatch, written)
     threads: list[str] = []
     fdatasync = os.fdatasync
     monkeypatch.setattr(
@@ -194,9 +184,7 @@ async def test_with_fsync_the_reply_to_subscribe_still_comes_before_any_push(
 async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_reply(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    publisher = await client()
-    worker = await client()
-    await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
+    publisher, _worker, _ = await subscribed(client, monkeypatch)
 
     def broken(self: Any, data: bytes) -> None:
         raise RuntimeError("a bug in one connection's write path")
