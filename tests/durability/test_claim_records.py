@@ -17,7 +17,6 @@ job was since redriven (attempts back to 0) in a record another claim keeps.
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import sqlite3
@@ -25,12 +24,11 @@ import tempfile
 from pathlib import Path
 
 import hypothesis.strategies as st
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from broker.engine import JobTable, QueueOpts
-from broker.store import SqliteStore, StoreError
+from broker.store import SqliteStore
 from broker.store import sqlite as sqlite_store
 
 START = 1000.0
@@ -306,45 +304,3 @@ def test_a_version_1_database_is_upgraded_and_keeps_its_claimed_rows(tmp_path: P
         store.write(table.take_changes())
     finally:
         store.close()
-
-
-def test_a_record_written_by_json_before_orjson_still_loads(tmp_path: Path) -> None:
-    # Until the packing moved to orjson, the strings were written by json's encoder;
-    # a file with such a record must load the same. Worker ids are the client's own
-    # strings: quotes, a backslash, a control character, accents and an emoji.
-    clock = Clock()
-    path = tmp_path / "c.db"
-    store, table = _open(path, clock)
-    job_id = table.queue("q1").enqueue({"x": 1})
-    store.write(table.take_changes())
-    [handle] = table.queue("q1").claim_batch('w "1" \\ \x1f é 🚀', 1)
-    claim = table.take_changes()
-    store.write(claim)
-    store.close()
-    states, _, workers, _, leases, _ = zip(*claim.claims, strict=True)
-    old = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-    with sqlite3.connect(path) as db:
-        db.execute("UPDATE claims SET texts = ?", (old.encode((states, workers, leases)),))
-    store, restored = _open(path, clock)
-    try:
-        _assert_same(table, restored, [job_id])
-        job = restored.get_job(job_id)
-        assert job is not None and job.worker_id == 'w "1" \\ \x1f é 🚀'
-        assert restored.heartbeat(job_id, handle.lease)
-    finally:
-        store.close()
-
-
-def test_a_claim_record_that_is_not_json_stops_the_load(tmp_path: Path) -> None:
-    clock = Clock()
-    path = tmp_path / "c.db"
-    store, table = _open(path, clock)
-    table.queue("q1").enqueue({"x": 1})
-    store.write(table.take_changes())
-    table.queue("q1").claim_batch("w1", 1)
-    store.write(table.take_changes())
-    store.close()
-    with sqlite3.connect(path) as db:
-        db.execute("UPDATE claims SET texts = '[[\"processing\"],'")
-    with pytest.raises(StoreError, match="a stored row makes no sense"):
-        _open(path, clock)
