@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from broker.engine import JobTable, QueueOpts
-from broker.store import SqliteStore
+from broker.store import SqliteStore, StoreError
 from broker.store import sqlite as sqlite_store
 
 START = 1000.0
@@ -304,3 +305,18 @@ def test_a_version_1_database_is_upgraded_and_keeps_its_claimed_rows(tmp_path: P
         store.write(table.take_changes())
     finally:
         store.close()
+
+
+def test_a_claim_record_that_is_not_json_stops_the_load(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "c.db"
+    store, table = _open(path, clock)
+    table.queue("q1").enqueue({"x": 1})
+    store.write(table.take_changes())
+    table.queue("q1").claim_batch("w1", 1)
+    store.write(table.take_changes())
+    store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE claims SET texts = '[[\"processing\"],'")
+    with pytest.raises(StoreError, match="a stored row makes no sense"):
+        _open(path, clock)
