@@ -3,12 +3,11 @@
 With a durable store, a reply must not leave before what it confirms is durable
 (publisher confirms), and a pushed job should not carry a lease the broker would
 forget in a crash of its own (see *early* frames below). So every outgoing frame is
-*held* here. At the end of each loop
-iteration the gate takes everything the engine changed since the last commit
-(``JobTable.take_changes()``), writes it in one transaction on the store's thread,
-and releases the frames held meanwhile when that transaction returns. While one
-commit is in flight, new changes and frames gather for the next, so the busier the
-broker, the larger (and cheaper per job) each commit.
+*held* here. At the end of each loop iteration the gate takes everything the engine
+changed since the last commit (``JobTable.take_changes()``), writes it in one
+transaction on the store's thread, and releases the frames held meanwhile when that
+transaction returns. While one commit is in flight, new changes and frames gather for
+the next, so the busier the broker, the larger (and cheaper per job) each commit.
 
 A commit the store can make at once (``Store.commit_now``: with ``--sync normal`` any
 but a checkpointing one; with ``--sync full`` the same, fsync included, while the disk
@@ -20,15 +19,16 @@ then they wait for it, since they may describe state that commit makes durable (
 idempotent enqueue answered with the id of a job not yet on disk, say).
 
 A pushed job confirms nothing to anyone; what it needs is that the broker remembers its
-claim after a crash of its own. So a push can be held *early* (``hold(..., early=True)``):
-it leaves once its commit is written, before the fsync that ``--sync full`` adds, and
-the worker starts on it while the disk syncs. (Waiting for the fsync cost the 1-worker
-drain on ``--sync full`` about a fifth of its rate: the broker's loop did nothing else
-meanwhile.) A power loss in that window can forget the claim: the job is then handed out
-again without that attempt counted, as after any lost lease. The dispatcher therefore
-holds a push of a job's last attempt to the fsync (see ``Dispatcher._push``): once that
-attempt has gone out, no power loss hands the job out again (``max_attempts=1`` means at
-most one start).
+claim after a crash of its own. So a push can be held *early* (``hold_early``): when
+the store calls back between a commit's write and its fsync (``--sync full``), the push
+is put on the wire there, and the worker starts on it while the disk syncs. With
+nothing after the write (``--sync normal``), it simply goes with the other frames.
+(Waiting for the fsync cost the 1-worker drain on ``--sync full`` about a fifth of its
+rate: the broker's loop did nothing else meanwhile.) A power loss in that window can
+forget the claim: the job is then handed out again without that attempt counted, as
+after any lost lease. The dispatcher therefore holds a push of a job's last attempt to
+the fsync (see ``Dispatcher._push``): once that attempt has gone out, no power loss
+hands the job out again (``max_attempts=1`` means at most one start).
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ __all__ = ["CommitGate"]
 log = logging.getLogger("conveyor.commit")
 
 Deliver = Callable[[bytes], None]
+# An early frame: how to deliver it, its bytes, and the flush that puts it on the wire.
+Early = tuple[Deliver, bytes, Callable[[], None]]
 
 
 class CommitGate:
@@ -63,25 +65,26 @@ class CommitGate:
         self._before_flush = before_flush
         self._on_failure = on_failure
         self._held: list[tuple[Deliver, bytes]] = []
-        self._early: list[tuple[Deliver, bytes]] = []  # released once written
+        self._early: list[Early] = []  # see hold_early
         self._scheduled = False
         self._inflight: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
         self._bound_loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # commits made (for metrics)
 
-    def hold(self, deliver: Deliver, data: bytes, *, early: bool = False) -> None:
-        """Deliver ``data`` with ``deliver`` once everything changed so far is durable.
+    def hold(self, deliver: Deliver, data: bytes) -> None:
+        """Deliver ``data`` with ``deliver`` once everything changed so far is durable."""
+        self._held.append((deliver, data))
+        self._schedule()
 
-        ``early``: once it is written instead, so that it survives a killed broker but
-        perhaps not a power loss (see the module docstring); ``deliver`` should then put
-        the frame on the wire at once, since the fsync follows. Early frames may overtake
-        frames held before them in the same commit, never those of an earlier commit.
-        """
-        if early:
-            self._early.append((deliver, data))
-        else:
-            self._held.append((deliver, data))
+    def hold_early(self, deliver: Deliver, data: bytes, flush: Callable[[], None]) -> None:
+        """Deliver ``data`` with ``deliver`` once everything changed so far is written,
+        so that it survives a killed broker but perhaps not a power loss (see the module
+        docstring). When an fsync follows that write, ``flush`` is called then too, to
+        put the frame on the wire before it (once per distinct ``flush`` in a commit).
+        Early frames may overtake frames held before them in the same commit, never
+        those of an earlier commit."""
+        self._early.append((deliver, data, flush))
         self._schedule()
 
     def poke(self) -> None:
@@ -121,17 +124,18 @@ class CommitGate:
         held, self._held = self._held, []
         early, self._early = self._early, []
         if not self._table.has_changes:
-            _release(early)
+            _release_early(early)
             _release(held)
             return
         changes = self._table.take_changes()
         try:
-            done = self._store.commit_now(changes, lambda: _release_early(early))
+            done = self._store.commit_now(changes, lambda: _before_fsync(early))
         except StoreError as exc:
             self._fail(exc)
             return
         if done:
             self.batches += 1
+            _release_early(early)
             _release(held)
             return
         self._inflight = self._loop().create_task(self._commit(changes, early, held))
@@ -145,17 +149,18 @@ class CommitGate:
     async def _commit(
         self,
         changes: Changes,
-        early: list[tuple[Deliver, bytes]],
+        early: list[Early],
         held: list[tuple[Deliver, bytes]],
     ) -> None:
         try:
-            await self._store.commit(changes, lambda: _release_early(early))
+            await self._store.commit(changes, lambda: _before_fsync(early))
         except StoreError as exc:
             self._fail(exc)
             return
         finally:
             self._inflight = None
         self.batches += 1
+        _release_early(early)
         _release(held)
         if self._held or self._early or self._table.has_changes:
             self._schedule()
@@ -166,11 +171,28 @@ def _release(held: list[tuple[Deliver, bytes]]) -> None:
         deliver(data)
 
 
-def _release_early(early: list[tuple[Deliver, bytes]]) -> None:
-    # Runs inside the store's commit, between its write and its fsync: whatever goes
-    # wrong with one frame must not stop the commit, nor the frames after it.
-    for deliver, data in early:
+def _release_early(early: list[Early]) -> None:
+    # After the commit: what the store's callback (_before_fsync) did not already send
+    # goes with the other frames (the connection writes them all at once).
+    for deliver, data, _ in early:
+        deliver(data)
+
+
+def _before_fsync(early: list[Early]) -> None:
+    """The store's callback between a commit's write and its fsync: deliver the early
+    frames and put them on the wire now, one flush per connection; then they are gone
+    from ``early``. Whatever goes wrong with one frame must not stop the commit, nor
+    the frames after it."""
+    flushes: dict[Callable[[], None], None] = {}
+    for deliver, data, flush in early:
         try:
             deliver(data)
+        except Exception:
+            log.exception("an early frame could not be delivered")
+        flushes[flush] = None
+    early.clear()
+    for flush in flushes:
+        try:
+            flush()
         except Exception:
             log.exception("an early frame could not be delivered")

@@ -531,12 +531,7 @@ class Connection:
         if gate is None or not self._early_pushes:
             self.send(frame)
         elif not self._closing:
-            gate.hold(self._deliver_now, encode(frame), early=True)
-
-    def _deliver_now(self, data: bytes) -> None:
-        # An early frame is written before the fsync that follows at once.
-        self._deliver(data)
-        self.flush_now()
+            gate.hold_early(self._deliver, encode(frame), self.flush_now)
 
     def _deliver_subscribed(self, data: bytes) -> None:
         # The reply to subscribe: from now on this connection's pushes may leave early.

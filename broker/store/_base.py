@@ -44,15 +44,14 @@ class Store(Protocol):
     def commit_now(self, changes: Changes, written: Callable[[], None] = ...) -> bool:
         """Write ``changes`` here and now, durable as ``commit`` would make them, when
         that is quick (no checkpoint due, no slow disk), and return ``True``; else write
-        nothing and return ``False``: then call ``commit``. ``written`` is called once the
-        changes are written, so that they survive a killed broker, before anything more
-        (an fsync) that ``durable`` asks; it must not raise. Raises StoreError."""
+        nothing and return ``False``: then call ``commit``. ``written`` is called between
+        the write (the changes then survive a killed broker) and an fsync that follows
+        it, if one does; it must not raise. Raises StoreError."""
         ...
 
     async def commit(self, changes: Changes, written: Callable[[], None] = ...) -> None:
         """Write ``changes`` in one transaction; return once it is durable, having
-        called ``written`` once they were written (as in ``commit_now``). Raises
-        StoreError."""
+        called ``written`` as ``commit_now`` does. Raises StoreError."""
         ...
 
     def close(self) -> None:

@@ -339,9 +339,10 @@ class SqliteStore:
     def commit_now(self, changes: Changes, written: Callable[[], None] = _nothing) -> bool:
         """Write ``changes`` here and now and return ``True`` when this commit can be made
         on the caller's thread; else write nothing and return ``False`` (call ``commit``).
-        ``written`` is called once the commit is in the WAL (it then survives a killed
-        broker), before the fsync that ``full`` adds: the commit gate releases there the
-        frames that need no more (pushed claims, see ``broker/commit.py``).
+        ``written`` is called between the write (the commit is in the WAL: it survives a
+        killed broker) and the fsync that ``full`` adds, and not at all when no fsync
+        follows: the commit gate puts on the wire there the frames that need no more
+        (pushed claims, see ``broker/commit.py``).
 
         ``normal``: every commit but a checkpointing one that must restart the WAL (see
         ``_RESTART_FRAMES``), which ``commit`` takes to the writer thread; a checkpoint
@@ -359,8 +360,8 @@ class SqliteStore:
             return False
         self._since_checkpoint = 0 if turn else self._since_checkpoint + 1
         self.write(changes)
-        written()
         if self.slow_commits:
+            written()
             took = self._sync_wal()
             if took > _INLINE_FSYNC_LIMIT_S:
                 self._offloaded_until = self.commits + _OFFLOAD_COMMITS
@@ -377,9 +378,9 @@ class SqliteStore:
     async def commit(self, changes: Changes, written: Callable[[], None] = _nothing) -> None:
         """Write one batch in one transaction; return when it is as durable as ``sync``
         makes it. Raises ``StoreError`` when the write or the fsync fails: the broker
-        must then promise nothing more. ``written`` is called as in ``commit_now``: once
-        the batch is written, before the writer thread fsyncs it (a checkpointing commit,
-        written on that thread, calls it at the end).
+        must then promise nothing more. ``written`` is called as in ``commit_now``: when
+        the batch is written on the loop and the writer thread is to fsync it (not for a
+        checkpointing commit, written on that thread, nor when no fsync follows).
 
         The write happens here and now, with no fsync in it. ``full``: then the writer
         thread fsyncs the WAL, and this returns after that. ``normal``: nothing to wait
@@ -398,15 +399,13 @@ class SqliteStore:
             self._since_checkpoint = 0
             if self._whole_checkpoint_due():
                 await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
-                written()
                 return
             self.write(changes)
-            written()
             self._side = self._checkpointer.submit(self._side_checkpoint)
             return
         self.write(changes)
-        written()
         if self.slow_commits:
+            written()
             await loop.run_in_executor(self._writer, self._sync_wal)
 
     def _whole_checkpoint_due(self) -> bool:

@@ -182,16 +182,46 @@ async def test_with_fsync_the_reply_to_subscribe_still_comes_before_any_push(
 
 @pytest.mark.parametrize("store_kind", ["sqlite"])
 async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_reply(
-    client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    broker: Broker,
+    client: ClientFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     publisher, _worker, _ = await subscribed(client, monkeypatch)
 
-    def broken(self: Any, data: bytes) -> None:
+    def broken() -> None:
         raise RuntimeError("a bug in one connection's write path")
 
-    monkeypatch.setattr(server.Connection, "_deliver_now", broken)
+    [subscription] = broker.dispatcher.subscriptions
+    assert isinstance(subscription.owner, server.Connection)
+    monkeypatch.setattr(subscription.owner, "flush_now", broken)
     reply = await publisher.call("enqueue", queue="order", payload=1)
     assert reply["id"]
     assert "an early frame could not be delivered" in caplog.text
     stats = await publisher.call("stats", queue="order")
     assert stats["queues"]["order"]["processing"] == 1  # the claim was committed all the same
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+@with_config(sync="normal")
+async def test_without_fsync_a_push_and_a_reply_to_one_worker_share_one_write(
+    client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing follows the write of a --sync normal commit, so an early push need not go
+    # out on its own: the worker's ack reply and the push it frees leave together.
+    publisher, worker, _ = await subscribed(client, monkeypatch)
+    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
+    jobs = await worker.jobs(4)  # its prefetch: the fifth waits
+    calls: list[list[str]] = []
+    write = server._Socket.write_text_frames
+
+    def recording(self: Any, outbox: Any, limit: int) -> None:
+        queued = list(outbox)
+        write(self, outbox, limit)
+        taken = queued[: len(queued) - len(outbox)]
+        calls.append(["push" if f.startswith(b'{"push"') else "reply" for f in taken])
+
+    monkeypatch.setattr(server._Socket, "write_text_frames", recording)
+    await worker.call("ack", id=jobs[0]["id"], lease=jobs[0]["lease"])
+    assert len(await worker.jobs(1)) == 1
+    assert sorted(calls[0]) == ["push", "reply"], calls
