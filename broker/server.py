@@ -28,11 +28,10 @@ import anyio
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import CloseCode, Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import Event, State
+from websockets.protocol import State
 
-from sdk._socket import apply_mask, text_header, write_joined
+from sdk._socket import DirectReader, text_header, write_joined
 from sdk._wire import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
@@ -66,10 +65,9 @@ from .store import open_store
 
 __all__ = ["Broker", "Connection", "running_broker"]
 
-# Enum members as module names: reading one off its class (``State.OPEN``) costs ~60 ns in
-# Python 3.11, and these are read for every frame.
+# An enum member as a module name: reading one off its class (``State.OPEN``) costs ~60 ns
+# in Python 3.11, and this is read for every frame.
 _OPEN = State.OPEN
-_CONT, _TEXT, _BINARY = Opcode.CONT, Opcode.TEXT, Opcode.BINARY
 
 log = logging.getLogger("conveyor")
 
@@ -246,91 +244,18 @@ def _bearer(headers: Headers) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else ""
 
 
-class _Socket(ServerConnection):
+class _Socket(DirectReader, ServerConnection):
     """websockets' server connection, with two shortcuts on the hot path.
 
-    Writing: each batch of frames goes out in one piece (``send_data``).
-
-    Reading: a complete data message goes straight from the bytes received to the
-    connection's handler (``attach``), in the same callback that received them.
-    websockets' own path queues each message in an assembler and wakes a reader task
-    that awaits it, a future and a task switch per request, which was a tenth of the
-    broker's time. Here a text message is checked as UTF-8 (invalid: close 1007, as
-    websockets does), a fragmented one is joined first (its size is bounded by the
-    parser's ``max_size``), and a binary one is handed over as ``bytes``. Messages that
-    arrive before the handler is attached wait, in order, until it is; those that arrive
-    after it is detached (the connection is over) are dropped.
-
-    The common frame, a whole masked text or binary message within ``max_size``, is
-    parsed here (``data_received``): websockets' parser, a generator that yields for
-    every field of every frame, was a fifth of the broker's time on small requests.
-    Every other frame (ping, pong, close, fragments, reserved bits, an unmasked or
-    oversized frame) and everything after it in the same read goes to websockets'
-    parser, which answers, refuses or closes as the RFC says; the fast path takes over
-    again once that parser holds no partial frame.
+    Writing: each batch of frames goes out in one piece (``send_data``,
+    ``write_text_frames``). Reading: each data message goes straight to the connection's
+    handler (``DirectReader``, shared with the SDK's end: see ``sdk/_socket.py``).
     """
 
-    _sink: Callable[[str | bytes], None] | None = None
-    # Messages read but not handed over yet: no handler yet, or it holds (``hold``).
-    _waiting: deque[str | bytes] | None = None
-    _holding = False
-    _detached = False
-    _parts: bytearray | None = None  # a fragmented message being joined
-    _parts_text = False
-    _partial: bytearray | None = None  # the start of a frame the fast path waits out
+    FROM_CLIENTS = True
 
-    def data_received(self, data: bytes) -> None:
-        protocol = self.protocol
-        if self._partial is not None:
-            self._partial += data
-            buf: bytes | bytearray = self._partial
-            self._partial = None
-        elif (
-            self.request is None
-            or protocol.state is not _OPEN
-            or protocol.reader.buffer
-            or self._parts is not None
-        ):
-            super().data_received(data)
-            return
-        else:
-            buf = data
-        view = memoryview(buf)
-        size = len(buf)
-        max_size = protocol.max_message_size
-        pos = 0
-        while pos < size:
-            if size - pos < 2:
-                self._partial = bytearray(view[pos:])
-                return
-            head = buf[pos]
-            length = buf[pos + 1]
-            # FIN, no reserved bits, text (1) or binary (2); and the mask bit set.
-            if (head != 0x81 and head != 0x82) or length < 0x80:
-                break
-            length &= 0x7F
-            start = pos + 2
-            if length == 126:
-                start += 2
-                if start <= size:
-                    length = int.from_bytes(view[pos + 2 : start], "big")
-            elif length == 127:
-                start += 8
-                if start <= size:
-                    length = int.from_bytes(view[pos + 2 : start], "big")
-            end = start + 4 + length
-            if start <= size and max_size is not None and length > max_size:
-                break  # websockets refuses it (1009) before reading it
-            if end > size:  # the frame's header or body is still to come
-                self._partial = bytearray(view[pos:])
-                return
-            message = apply_mask(view[start + 4 : end], bytes(view[start : start + 4]))
-            pos = end
-            self._deliver(message, head == 0x81)
-            if protocol.state is not _OPEN:
-                break  # closing (bad UTF-8): websockets discards the rest
-        if pos < size:
-            super().data_received(bytes(view[pos:]))
+    def handshaken(self) -> bool:
+        return self.request is not None
 
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
@@ -353,84 +278,6 @@ class _Socket(ServerConnection):
             parts.append(data)
             size += len(data)
         self.transport.write(b"".join(parts))
-
-    def attach(self, sink: Callable[[str | bytes], None] | None) -> None:
-        """Hand every data message, from now on and those already waiting, to ``sink``;
-        ``None``: the handler is done, and later messages are dropped, not kept."""
-        self._sink = sink
-        self._detached = sink is None
-        if sink is None:
-            self._waiting = None
-        else:
-            self._hand_over()
-
-    def hold(self) -> None:
-        """Stop reading, and keep the messages already read but not yet handed over (the
-        rest of the bytes in hand) until ``release()``: the handler wants no more now."""
-        if not self._holding:
-            self._holding = True
-            self.transport.pause_reading()
-
-    def release(self) -> None:
-        """Hand over the messages kept by ``hold()``, then read again; if the handler
-        holds again meanwhile, the rest stays kept. Nothing to do when not holding."""
-        if self._holding:
-            self._holding = False
-            self._hand_over()
-            if not self._holding:
-                self.transport.resume_reading()
-
-    def _hand_over(self) -> None:
-        """The waiting messages to the handler, in order, until it holds again."""
-        waiting = self._waiting
-        while waiting and not self._holding and self._sink is not None:
-            self._sink(waiting.popleft())
-
-    def process_event(self, event: Event) -> None:
-        if self.request is None or not isinstance(event, Frame):
-            super().process_event(event)  # the handshake request
-            return
-        opcode = event.opcode
-        if opcode is _CONT:
-            if self._parts is None:  # the parser lets none through outside a message
-                return
-            self._parts += event.data
-            if not event.fin:
-                return
-            data: bytes | bytearray | memoryview = self._parts
-            text = self._parts_text
-            self._parts = None
-        elif opcode is _TEXT or opcode is _BINARY:
-            if not event.fin:
-                self._parts = bytearray(event.data)
-                self._parts_text = opcode is _TEXT
-                return
-            data, text = event.data, opcode is _TEXT
-        else:
-            super().process_event(event)  # ping, pong, close
-            return
-        self._deliver(data, text)
-
-    def _deliver(self, data: bytes | bytearray | memoryview, text: bool) -> None:
-        """One whole data message, unmasked: to the handler, kept, or dropped."""
-        message: str | bytes
-        if text:
-            try:
-                message = str(data, "utf-8")
-            except UnicodeDecodeError as exc:
-                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-                self.send_data()
-                return
-        else:
-            message = bytes(data)
-        if self._detached:
-            return  # a peer still sending after its connection was handled to the end
-        if self._sink is None or self._holding:
-            if self._waiting is None:
-                self._waiting = deque()
-            self._waiting.append(message)
-        else:
-            self._sink(message)
 
 
 class Connection:

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 
 from ._errors import ConnectionFailed, ConveyorError, Unauthorized, error_from_reply
-from ._socket import masked_text_frames, write_joined
+from ._socket import DirectReader, masked_text_frames, write_joined
 from ._wire import WireError, decode, encode
 
 __all__ = ["Session"]
@@ -57,8 +57,14 @@ def _permanent(exc: ConveyorError) -> bool:
     return not (exc.code == "limit_exceeded" and exc.field == "token")
 
 
-class _Socket(ClientConnection):
-    """websockets' client connection, writing each batch of frames in one piece."""
+class _Socket(DirectReader, ClientConnection):
+    """websockets' client connection, writing each batch of frames in one piece and
+    handing each message it reads straight to the session (``DirectReader``)."""
+
+    FROM_CLIENTS = False
+
+    def handshaken(self) -> bool:
+        return self.response is not None
 
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
@@ -422,31 +428,38 @@ class Session:
             reader.cancel()
             await ws.close()
 
-    async def _read(self, ws: ClientConnection) -> None:
+    async def _read(self, ws: _Socket) -> None:
+        """Handle the broker's frames as the socket reads them, until it closes."""
         try:
-            async for message in ws:
-                try:
-                    frame = decode(message)
-                except WireError:
-                    log.error("the broker sent a frame that is not a JSON object; ignored")
-                    continue
-                if "push" in frame:
-                    if self.on_push is not None:
-                        self.on_push(frame)
-                    continue
-                rid = frame.get("rid")
-                pending = self._pending.get(rid) if isinstance(rid, int) else None
-                if pending is not None and not pending.future.done():
-                    pending.future.set_result(frame)
-                elif not frame.get("ok", True):
-                    error = frame.get("error") or {}
-                    log.warning("the broker refused a request: %s", error.get("message"))
-        except ConnectionClosed:
-            pass
+            ws.attach(self._on_message)
+            await ws.wait_closed()
         finally:
+            ws.attach(None)
             # No reply can come on this socket any more: a hello or subscribe still
             # waiting must fail now (so that we reconnect), not at its request timeout.
             self._fail_unresent()
+
+    def _on_message(self, message: str | bytes) -> None:
+        """One frame from the broker: a push to ``on_push``, a reply to its request."""
+        try:
+            frame = decode(message)
+        except WireError:
+            log.error("the broker sent a frame that is not a JSON object; ignored")
+            return
+        if "push" in frame:
+            if self.on_push is not None:
+                try:
+                    self.on_push(frame)
+                except Exception:  # called from the socket's reading: must not break it
+                    log.exception("handling a %r push failed", frame.get("push"))
+            return
+        rid = frame.get("rid")
+        pending = self._pending.get(rid) if isinstance(rid, int) else None
+        if pending is not None and not pending.future.done():
+            pending.future.set_result(frame)
+        elif not frame.get("ok", True):
+            error = frame.get("error") or {}
+            log.warning("the broker refused a request: %s", error.get("message"))
 
     # -- helpers --------------------------------------------------------------------------
 
