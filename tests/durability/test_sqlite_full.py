@@ -49,7 +49,7 @@ async def test_every_commit_returns_after_an_fsync_of_the_wal_on_the_writer_thre
     store.write = spy_write  # type: ignore[method-assign]
     monkeypatch.setattr(os, "fdatasync", spy_fdatasync)
     monkeypatch.setattr(os, "fsync", spy_fsync)
-    every = sqlite_store._CHECKPOINT_EVERY
+    every = sqlite_store._CHECKPOINT_EVERY_FULL
     commits = every + 5
     try:
         for i in range(commits):
@@ -168,7 +168,7 @@ async def test_commit_now_fsyncs_on_the_callers_thread_before_it_returns(
     here = threading.current_thread().name
     made_here = 0
     try:
-        for i in range(sqlite_store._CHECKPOINT_EVERY + 5):
+        for i in range(sqlite_store._CHECKPOINT_EVERY_FULL + 5):
             queue.enqueue({"i": i})
             changes = table.take_changes()
             before = len(threads)
@@ -180,15 +180,15 @@ async def test_commit_now_fsyncs_on_the_callers_thread_before_it_returns(
                 assert [t.startswith("conveyor-sqlite") for t in threads[before:]] == [True]
     finally:
         store.close()
-    assert made_here == sqlite_store._CHECKPOINT_EVERY + 4
-    assert store.syncs == sqlite_store._CHECKPOINT_EVERY + 5
+    assert made_here == sqlite_store._CHECKPOINT_EVERY_FULL + 4
+    assert store.syncs == sqlite_store._CHECKPOINT_EVERY_FULL + 5
 
 
 async def test_after_a_slow_fsync_the_next_ones_go_to_the_writer_thread_for_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(sqlite_store, "_OFFLOAD_COMMITS", 10)
-    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1000)  # none in this test
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY_FULL", 1000)  # none in this test
     store, table, queue, clock, threads = _spied_store(tmp_path / "slow.db", monkeypatch)
     here = threading.current_thread().name
     places: list[str] = []  # where each commit's fsync ran

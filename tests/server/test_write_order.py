@@ -127,7 +127,7 @@ async def test_a_checkpointing_commit_holds_its_pushes_to_the_fsync(
 ) -> None:
     # Every commit checkpoints, so every one goes whole to the writer thread: written
     # there, fsynced and checkpointed, and only then are its frames let go.
-    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY_FULL", 1)
     publisher, worker, written = await subscribed(client, monkeypatch)
     await publisher.call("enqueue", queue="order", payload=1)
     await worker.jobs(1)
