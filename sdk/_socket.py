@@ -157,12 +157,10 @@ class DirectReader(Connection):
             self._partial += data
             buf: bytes | bytearray = self._partial
             self._partial = None
-        elif (
-            protocol.state is not _OPEN
-            or protocol.reader.buffer
-            or self._parts is not None
-            or not self.handshaken()
-        ):
+        elif protocol.state is not _OPEN or protocol.reader.buffer or self._parts is not None:
+            # (OPEN at the start of a read means the handshake is over at either end: the
+            # server opens once it answered the request, the client's connection has
+            # processed the response by the end of the read that opened it.)
             super().data_received(data)
             return
         else:
