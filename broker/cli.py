@@ -13,9 +13,9 @@ import ipaddress
 import logging
 import resource
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from sdk._cli import add_client_commands
+from sdk._cli import UVLOOP_MISSING, add_client_commands, loop_factory
 
 from . import __version__
 from .config import ConfigError, add_serve_arguments, config_from_args
@@ -87,15 +87,13 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
 
     try:
-        loop_factory = _loop_factory(config.loop)
+        factory = loop_factory(config.loop)
     except ImportError:
-        print(
-            "conveyor: --loop uvloop: uvloop is not installed (pip install uvloop)", file=sys.stderr
-        )
+        print(UVLOOP_MISSING, file=sys.stderr)
         return 2
     gc.disable()  # until ready(): see there
     try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
+        with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(serve_until_signalled(config, ready))
     except StoreError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
@@ -104,20 +102,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def _loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when asked for or (``auto``) when installed; ``None``: asyncio's."""
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
 
 
 def build_parser() -> argparse.ArgumentParser:

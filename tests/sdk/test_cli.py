@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import textwrap
@@ -129,3 +130,111 @@ def test_worker_with_a_bad_target_says_so(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "is not a sdk.Worker" in done.stderr
+
+
+LOOP_WORKER_MODULE = """
+    import asyncio
+
+    from sdk import Job, Worker
+
+    worker = Worker({url!r}, queues=[{queue!r}], prefetch=1)
+
+
+    @worker.handler({queue!r})
+    async def handle(job: Job) -> None:
+        loop = type(asyncio.get_running_loop())
+        print("loop", loop.__module__.partition(".")[0], flush=True)
+"""
+
+
+def hide_uvloop(where: Path) -> str:
+    """A directory whose ``uvloop`` fails to import, as on a machine without it; put it
+    first on PYTHONPATH."""
+    (where / "uvloop").mkdir()
+    (where / "uvloop" / "__init__.py").write_text("raise ImportError('no uvloop here')\n")
+    return str(where)
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "hidden", "expected"),
+    [
+        ([], {}, False, "uvloop"),  # auto: uvloop, installed with the dev extra
+        (["--loop", "asyncio"], {}, False, "asyncio"),
+        ([], {"CONVEYOR_LOOP": "asyncio"}, False, "asyncio"),
+        (["--loop", "uvloop"], {"CONVEYOR_LOOP": "asyncio"}, False, "uvloop"),  # flag wins
+        ([], {}, True, "asyncio"),  # auto without uvloop: asyncio's loop, no complaint
+    ],
+    ids=["auto", "flag asyncio", "env asyncio", "flag over env", "auto, no uvloop"],
+)
+def test_worker_runs_on_the_event_loop_asked_for(
+    broker_process: str,
+    tmp_path: Path,
+    args: list[str],
+    env: dict[str, str],
+    hidden: bool,
+    expected: str,
+) -> None:
+    url = broker_process
+    queue = f"cli-loop-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "tasks.py").write_text(
+        textwrap.dedent(LOOP_WORKER_MODULE.format(url=url, queue=queue))
+    )
+    if hidden:
+        env = {**env, "PYTHONPATH": hide_uvloop(tmp_path)}
+    proc = subprocess.Popen(
+        conveyor("worker", "tasks:worker", *args),
+        cwd=tmp_path,
+        env=worker_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        ok("enqueue", queue, "1", "--url", url)
+        assert out.next(timeout=15) == f"loop {expected}\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0  # graceful on either loop
+    finally:
+        stop(proc)
+        out.join()
+        err.join()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--loop", "uvloop"], {}, "--loop uvloop: uvloop is not installed (pip install uvloop)"),
+        (
+            [],
+            {"CONVEYOR_LOOP": "uvloop"},
+            "--loop uvloop: uvloop is not installed (pip install uvloop)",
+        ),
+        ([], {"CONVEYOR_LOOP": "trio"}, "loop: must be auto, uvloop or asyncio, got 'trio'"),
+    ],
+    ids=["flag", "env", "unknown"],
+)
+def test_worker_on_a_loop_it_cannot_have_exits_2_saying_why(
+    tmp_path: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    (tmp_path / "tasks.py").write_text("raise SystemExit('the target must not be loaded')\n")
+    done = subprocess.run(
+        conveyor("worker", "tasks:worker", *args),
+        cwd=tmp_path,
+        env=worker_env(PYTHONPATH=hide_uvloop(tmp_path), **env),
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
+    assert done.returncode == 2
+    assert done.stderr == f"conveyor: {message}\n"
+    assert done.stdout == ""

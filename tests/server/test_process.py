@@ -209,3 +209,21 @@ async def test_per_queue_options_from_a_toml_file_take_effect(tmp_path: Path, ho
         assert (pushed["id"], pushed["visibility_timeout_s"]) == (emails, 42.5)
         code, _, _ = await served.stop()
     assert code == 0
+
+
+async def test_loop_uvloop_without_uvloop_exits_2_and_auto_serves_on_asyncio(
+    tmp_path: Path,
+) -> None:
+    # A uvloop that fails to import, as on a machine without it.
+    (tmp_path / "uvloop").mkdir()
+    (tmp_path / "uvloop" / "__init__.py").write_text("raise ImportError('no uvloop here')\n")
+    hidden = environment(PYTHONPATH=str(tmp_path))
+    proc = await start("--loop", "uvloop", env=hidden)
+    out, err = await asyncio.wait_for(proc.communicate(), START)
+    assert proc.returncode == 2
+    assert out == b""
+    assert err == b"conveyor: --loop uvloop: uvloop is not installed (pip install uvloop)\n"
+    async with serving(env=hidden) as served:  # auto falls back without a word
+        code, out, err = await served.stop()
+    assert (code, out) == (0, b"")
+    assert b"uvloop" not in err
