@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import textwrap
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +88,16 @@ WORKER_MODULE = """
 """
 
 
-def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path: Path) -> None:
-    url = broker_process
-    queue = f"cli-work-{uuid.uuid4().hex[:8]}"
-    (tmp_path / "tasks.py").write_text(textwrap.dedent(WORKER_MODULE.format(url=url, queue=queue)))
+@contextlib.contextmanager
+def worker_process(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], Lines]]:
+    """``conveyor worker tasks:worker ARGS`` run in ``cwd``; yields it and its stdout's
+    lines. Stopped (SIGTERM, then SIGKILL) and its streams closed at the end."""
     proc = subprocess.Popen(
-        conveyor("worker", "tasks:worker"),
-        cwd=tmp_path,
+        conveyor("worker", "tasks:worker", *args),
+        cwd=cwd,
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -100,6 +105,20 @@ def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path
     assert proc.stdout is not None and proc.stderr is not None
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
+        yield proc, out
+    finally:
+        stop(proc)
+        out.join()
+        err.join()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path: Path) -> None:
+    url = broker_process
+    queue = f"cli-work-{uuid.uuid4().hex[:8]}"
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(WORKER_MODULE.format(url=url, queue=queue)))
+    with worker_process(tmp_path) as (proc, out):
         first = ok("enqueue", queue, "1", "--url", url)["id"]
         second = ok("enqueue", queue, "2", "--url", url)["id"]
         assert out.next(timeout=15) == "handled 1\n"
@@ -111,12 +130,6 @@ def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path
         assert proc.wait(timeout=WAIT) == 0
         # Graceful: the job it had just handled was reported before it exited.
         assert ok("job", second, "--url", url) is None
-    finally:
-        stop(proc)
-        out.join()
-        err.join()
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 def test_worker_with_a_bad_target_says_so(tmp_path: Path) -> None:
@@ -187,27 +200,11 @@ def test_worker_runs_on_the_event_loop_asked_for(
     )
     if hidden:
         env = {**env, "PYTHONPATH": hide_uvloop(tmp_path)}
-    proc = subprocess.Popen(
-        conveyor("worker", "tasks:worker", *args),
-        cwd=tmp_path,
-        env=worker_env(**env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = Lines(proc.stdout), Lines(proc.stderr)
-    try:
+    with worker_process(tmp_path, *args, env=worker_env(**env)) as (proc, out):
         ok("enqueue", queue, "1", "--url", url)
         assert out.next(timeout=15) == f"loop {expected}\n"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0  # graceful on either loop
-    finally:
-        stop(proc)
-        out.join()
-        err.join()
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 @pytest.mark.parametrize(
