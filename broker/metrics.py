@@ -1,15 +1,27 @@
 """``GET /metrics``: the broker in the Prometheus text format, via ``prometheus_client``.
 
 Gauges and counters are read at scrape time from the engine's counters (a collector,
-never a walk over jobs); push latency is a real histogram the dispatcher feeds.
+never a walk over jobs); push latency is a real histogram the dispatcher feeds. The
+process's own figures come too: memory, CPU and open files (``process_*``), the cyclic
+garbage collector's counts (``python_gc_*``) and how long each of its collections
+stopped the broker (``conveyor_gc_pause_seconds``: a full one walks every pending job).
 """
 
 from __future__ import annotations
 
+import gc
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -21,12 +33,15 @@ from prometheus_client.utils import floatToGoString
 
 from .engine import JobTable
 
-__all__ = ["CONTENT_TYPE", "LatencyHistogram", "Metrics"]
+__all__ = ["CONTENT_TYPE", "GC_PAUSES", "GcPauses", "LatencyHistogram", "Metrics"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds from a job becoming claimable to its push: sub-millisecond to a few seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# Seconds one garbage collection takes: a young one well under a millisecond, a full one
+# with a million pending jobs about a quarter of a second (docs/benchmarks.md).
+_GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class _TableCollector(Collector):
@@ -78,6 +93,38 @@ class _TableCollector(Collector):
         )
 
 
+class _Buckets:
+    """A histogram's counts: an observation is a bisect and one list slot; the cumulative
+    buckets are summed only when asked (at a scrape)."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self._bounds = bounds
+        self._counts = [0] * (len(bounds) + 1)  # the last slot is "+Inf" only
+        self.sum = 0.0
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        """Count each of ``values`` (negatives count as 0)."""
+        bounds, counts = self._bounds, self._counts
+        total = 0.0
+        for value in values:
+            if value < 0.0:
+                value = 0.0
+            # Prometheus buckets are "less than or equal": bisect_left puts a value equal
+            # to a bound in that bound's bucket.
+            counts[bisect_left(bounds, value)] += 1
+            total += value
+        self.sum += total
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        """``(le, count)`` pairs as Prometheus wants them, "+Inf" last."""
+        pairs: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self._bounds, float("inf")), self._counts, strict=True):
+            running += count
+            pairs.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+        return pairs
+
+
 class LatencyHistogram(Collector):
     """``conveyor_push_latency_seconds``: observed once per pushed job, on the event loop.
 
@@ -88,39 +135,67 @@ class LatencyHistogram(Collector):
     """
 
     def __init__(self, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
-        self._bounds = buckets
-        self._counts = [0] * (len(buckets) + 1)  # the last slot is "+Inf" only
-        self._sum = 0.0
+        self._buckets = _Buckets(buckets)
 
     def observe(self, seconds: float) -> None:
         """Count one push ``seconds`` after its job became claimable (negatives count 0)."""
-        self.observe_many((seconds,))
+        self._buckets.observe_many((seconds,))
 
     def observe_many(self, seconds: Iterable[float]) -> None:
         """``observe`` each of ``seconds`` (one call per pushed frame, not per job)."""
-        bounds, counts = self._bounds, self._counts
-        total = 0.0
-        for value in seconds:
-            if value < 0.0:
-                value = 0.0
-            # Prometheus buckets are "less than or equal": bisect_left puts a value equal
-            # to a bound in that bound's bucket.
-            counts[bisect_left(bounds, value)] += 1
-            total += value
-        self._sum += total
+        self._buckets.observe_many(seconds)
 
     def collect(self) -> Iterator[Metric]:
-        cumulative = []
-        running = 0
-        for bound, count in zip((*self._bounds, float("inf")), self._counts, strict=True):
-            running += count
-            cumulative.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
         yield HistogramMetricFamily(
             "conveyor_push_latency_seconds",
             "Time from a job becoming claimable to its push to a worker.",
-            buckets=cumulative,
-            sum_value=self._sum,
+            buckets=self._buckets.cumulative(),
+            sum_value=self._buckets.sum,
         )
+
+
+class GcPauses(Collector):
+    """``conveyor_gc_pause_seconds{generation}``: how long each collection of Python's
+    cyclic garbage collector stopped the process, timed by a ``gc.callbacks`` hook.
+
+    The collector is the process's, so this is too: ``GC_PAUSES`` is the one instance,
+    ``install()`` (idempotent) hooks it once, and every broker's registry reads it. The
+    hook runs in whichever thread was allocating when a collection came due, inside the
+    collection; it only reads the clock and counts, so it cannot fail.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._by_generation = [_Buckets(_GC_BUCKETS) for _ in range(3)]
+        self._started = 0.0
+        self._installed = False
+
+    def install(self) -> None:
+        """Start timing collections (once per process, however often called)."""
+        if not self._installed:
+            self._installed = True
+            gc.callbacks.append(self.on_gc)
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        """The ``gc.callbacks`` hook: ``phase`` "start" or "stop" of a collection of
+        ``info["generation"]`` (0, 1 or 2)."""
+        if phase == "start":
+            self._started = self._clock()
+        else:
+            self._by_generation[info["generation"]].observe_many((self._clock() - self._started,))
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "conveyor_gc_pause_seconds",
+            "Time each collection of the cyclic garbage collector stopped the broker.",
+            labels=["generation"],
+        )
+        for generation, buckets in enumerate(self._by_generation):
+            family.add_metric([str(generation)], buckets.cumulative(), buckets.sum)
+        yield family
+
+
+GC_PAUSES = GcPauses()
 
 
 class Metrics:
@@ -134,6 +209,13 @@ class Metrics:
         self.registry.register(_TableCollector(table, workers, connections))
         self.push_latency = LatencyHistogram()
         self.registry.register(self.push_latency)
+        # The process: RSS, CPU seconds, open files (read from /proc at each scrape, and
+        # absent where there is none), the Python version, the collector's counts.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        GC_PAUSES.install()
+        self.registry.register(GC_PAUSES)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import shutil
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.metrics import LatencyHistogram
+from broker.metrics import GcPauses, LatencyHistogram
 from broker.server import Broker
 from broker.static import StaticFiles
 
@@ -355,3 +356,53 @@ def test_push_latency_histogram_buckets_are_cumulative_and_inclusive(many: bool)
     assert got[("conveyor_push_latency_seconds_bucket", "+Inf")] == 6
     assert got[("conveyor_push_latency_seconds_count", None)] == 6
     assert got[("conveyor_push_latency_seconds_sum", None)] == 0.0005 + 0.001 + 0.002 + 0.01 + 3.0
+
+
+async def test_metrics_export_the_process_and_every_garbage_collection(broker: Broker) -> None:
+    before = await scrape(broker)
+    for generation in ("0", "1", "2"):  # every generation is there from the start
+        sample(before, "conveyor_gc_pause_seconds_count", generation=generation)
+    gc.collect(0)
+    gc.collect(0)
+    gc.collect(2)
+    after = await scrape(broker)
+
+    def grew(name: str, generation: str) -> float:
+        return sample(after, name, generation=generation) - sample(
+            before, name, generation=generation
+        )
+
+    # The broker runs in this process, so these collections are its own. (Others may
+    # come due meanwhile: "at least".)
+    assert grew("conveyor_gc_pause_seconds_count", "0") >= 2
+    assert grew("conveyor_gc_pause_seconds_count", "2") >= 1
+    assert grew("conveyor_gc_pause_seconds_sum", "2") > 0
+    for generation in ("0", "1", "2"):
+        count = sample(after, "conveyor_gc_pause_seconds_count", generation=generation)
+        inf = sample(after, "conveyor_gc_pause_seconds_bucket", generation=generation, le="+Inf")
+        assert inf == count
+    assert grew("python_gc_collections_total", "2") >= 1
+
+    # The process itself, from /proc at the scrape.
+    assert sample(after, "process_resident_memory_bytes") > 10_000_000
+    assert sample(after, "process_open_fds") >= 3
+    assert sample(after, "process_cpu_seconds_total") > 0
+    assert any(name == "python_info" for name, _ in after)
+
+
+def test_gc_pauses_are_timed_per_generation_into_inclusive_buckets() -> None:
+    now = [0.0]
+    pauses = GcPauses(clock=lambda: now[0])
+    for generation, seconds in ((0, 0.00005), (0, 0.0001), (2, 0.3)):
+        now[0] = 0.0
+        pauses.on_gc("start", {"generation": generation})
+        now[0] = seconds
+        pauses.on_gc("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+    [family] = pauses.collect()
+    got = {(s.name, s.labels["generation"], s.labels.get("le")): s.value for s in family.samples}
+    assert got[("conveyor_gc_pause_seconds_bucket", "0", "0.0001")] == 2  # "le": inclusive
+    assert got[("conveyor_gc_pause_seconds_count", "0", None)] == 2
+    assert got[("conveyor_gc_pause_seconds_bucket", "2", "0.25")] == 0
+    assert got[("conveyor_gc_pause_seconds_bucket", "2", "0.5")] == 1
+    assert got[("conveyor_gc_pause_seconds_sum", "2", None)] == pytest.approx(0.3)
+    assert got[("conveyor_gc_pause_seconds_count", "1", None)] == 0
