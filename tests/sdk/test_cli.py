@@ -150,13 +150,18 @@ LOOP_WORKER_MODULE = """
 
     from sdk import Job, Worker
 
-    worker = Worker({url!r}, queues=[{queue!r}], prefetch=1)
+    worker = Worker({url!r}, queues=[{queue!r}, {queue!r} + "-sync"], prefetch=1)
 
 
     @worker.handler({queue!r})
     async def handle(job: Job) -> None:
         loop = type(asyncio.get_running_loop())
         print("loop", loop.__module__.partition(".")[0], flush=True)
+
+
+    @worker.handler({queue!r} + "-sync")
+    def handle_in_a_thread(job: Job) -> None:  # a plain def: the worker runs it in a thread
+        print("sync", job.payload, flush=True)
 """
 
 
@@ -203,6 +208,8 @@ def test_worker_runs_on_the_event_loop_asked_for(
     with worker_process(tmp_path, *args, env=worker_env(**env)) as (proc, out):
         ok("enqueue", queue, "1", "--url", url)
         assert out.next(timeout=15) == f"loop {expected}\n"
+        ok("enqueue", f"{queue}-sync", "2", "--url", url)  # a sync handler, on that loop
+        assert out.next(timeout=15) == "sync 2\n"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0  # graceful on either loop
 
