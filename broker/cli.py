@@ -15,7 +15,8 @@ import resource
 import sys
 from collections.abc import Sequence
 
-from sdk._cli import UVLOOP_MISSING, add_client_commands, loop_factory
+from sdk._cli import add_client_commands
+from sdk._loop import UVLOOP_MISSING, loop_factory
 
 from . import __version__
 from .config import ConfigError, add_serve_arguments, config_from_args

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sdk._loop import LOOP_HELP, LOOPS, loop_problem
 from sdk._wire import Role
 
 from .engine import InvalidArgument, JobTable, QueueOpts
@@ -125,8 +126,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-level", choices=["debug", "info", "warning", "error"], help="(info)")
     add(
         "--loop",
-        choices=["auto", "uvloop", "asyncio"],
-        help="event loop: uvloop when installed (auto, the default), or asyncio (CONVEYOR_LOOP)",
+        choices=LOOPS,
+        help=LOOP_HELP,
     )
 
 
@@ -211,8 +212,9 @@ def check(config: Config) -> None:
         raise ConfigError(
             f"max_prefetch: must be at least 16 (the default prefetch), got {config.max_prefetch}"
         )
-    if config.loop not in ("auto", "uvloop", "asyncio"):
-        raise ConfigError(f"loop: must be auto, uvloop or asyncio, got {config.loop!r}")
+    loop = loop_problem(config.loop)
+    if loop is not None:
+        raise ConfigError(loop)
     if config.log_level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: unknown level {config.log_level!r}")
 

@@ -20,33 +20,11 @@ from typing import Any
 
 from ._client import DEFAULT_URL, Client
 from ._errors import ConnectionFailed, ConveyorError
+from ._loop import LOOP_HELP, LOOPS, UVLOOP_MISSING, loop_factory, loop_problem
 from ._wire import WireError, decode_value, encode
 from ._worker import Worker
 
-__all__ = ["LOOPS", "UVLOOP_MISSING", "add_client_commands", "loop_factory"]
-
-# The event loops ``conveyor serve`` and ``conveyor worker`` can run on (``--loop``).
-LOOPS = ("auto", "uvloop", "asyncio")
-UVLOOP_MISSING = "conveyor: --loop uvloop: uvloop is not installed (pip install uvloop)"
-
-
-def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The event loop to run on, for ``choice`` one of ``LOOPS``: uvloop's when asked
-    for, or (``auto``) when it is installed; ``None`` for asyncio's own (the default of
-    ``asyncio.Runner``, which takes the result as its ``loop_factory``).
-
-    Raises ``ImportError`` for ``uvloop`` when it is not installed.
-    """
-    if choice == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if choice == "uvloop":
-            raise
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
+__all__ = ["add_client_commands"]
 
 
 def _connection_args(parser: argparse.ArgumentParser) -> None:
@@ -127,8 +105,9 @@ def _load_worker(target: str) -> Worker:
 
 def _worker(args: argparse.Namespace) -> int:
     choice = args.loop or os.environ.get("CONVEYOR_LOOP") or "auto"
-    if choice not in LOOPS:
-        print(f"conveyor: loop: must be auto, uvloop or asyncio, got {choice!r}", file=sys.stderr)
+    problem = loop_problem(choice)
+    if problem is not None:
+        print(f"conveyor: {problem}", file=sys.stderr)
         return 2
     try:
         factory = loop_factory(choice)
@@ -157,7 +136,7 @@ def add_client_commands(commands: Any) -> None:
     worker.add_argument(
         "--loop",
         choices=LOOPS,
-        help="event loop: uvloop when installed (auto, the default), or asyncio (CONVEYOR_LOOP)",
+        help=LOOP_HELP,
     )
     worker.set_defaults(run=_worker)
 

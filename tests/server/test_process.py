@@ -142,8 +142,17 @@ async def test_a_signal_closes_clients_with_1001_and_exits_0(sig: int) -> None:
         ([], {}, "[queues.emails]\nvisibility_timeout = 60\n", ["emails", "visibility_timeout"]),
         ([], {}, "[queues.emails]\nmax_attempts = 0\n", ["emails", "max_attempts"]),
         ([], {}, "[queues.emails\n", ["not valid TOML"]),
+        ([], {"CONVEYOR_LOOP": "trio"}, None, ["loop: must be auto, uvloop or asyncio", "trio"]),
     ],
-    ids=["env port", "port range", "tls half", "unknown option", "option range", "bad toml"],
+    ids=[
+        "env port",
+        "port range",
+        "tls half",
+        "unknown option",
+        "option range",
+        "bad toml",
+        "env loop",
+    ],
 )
 async def test_a_bad_setting_exits_2_naming_it(
     tmp_path: Path, args: list[str], env: dict[str, str], toml: str | None, named: list[str]
