@@ -9,10 +9,16 @@ transaction on the store's thread, and releases the frames held meanwhile when t
 transaction returns. While one commit is in flight, new changes and frames gather for
 the next, so the busier the broker, the larger (and cheaper per job) each commit.
 
-A commit the store can make at once (``Store.commit_now``: with ``--sync normal`` any
-but a checkpointing one; with ``--sync full`` the same, fsync included, while the disk
-is fast) is made right here, and its frames go out in the same turn, with no task and no
-extra loop turn per commit; the others commit in a task while the loop goes on.
+A commit the store can make at once (``Store.commit_now``: any but a checkpointing one)
+is written right here. With ``--sync normal`` its frames go out in the same turn, with
+no task and no extra loop turn per commit. With ``--sync full`` the store hands back a
+future for the commit's fsync, made by a helper process, and the frames wait for it
+while the loop goes on: the next requests are read and handled meanwhile, and a commit
+with frames to push early is written at once, behind the fsync in flight; the other
+changes wait for that fsync to come back and then go in one commit, so that commits
+still group while the disk is busy. The fsyncs end in the order of their commits, and so
+are the held frames released. A checkpointing commit goes in a task, after the fsync in
+flight, while the loop goes on; no commit is made until it is done.
 
 Frames held while nothing changed are released at once, unless a commit is in flight:
 then they wait for it, since they may describe state that commit makes durable (an
@@ -34,6 +40,7 @@ hands the job out again (``max_attempts=1`` means at most one start).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 
@@ -68,6 +75,9 @@ class CommitGate:
         self._early: list[Early] = []  # see hold_early
         self._scheduled = False
         self._inflight: asyncio.Task[None] | None = None
+        # --sync full: the fsync of the last commit written, while it is in flight.
+        self._syncing: asyncio.Future[None] | None = None
+        self._waiting_sync = False  # a flush is to follow that fsync (see _flush)
         self.failed: StoreError | None = None
         self._bound_loop: asyncio.AbstractEventLoop | None = None
         self.batches = 0  # commits made (for metrics)
@@ -82,8 +92,9 @@ class CommitGate:
         so that it survives a killed broker but perhaps not a power loss (see the module
         docstring). When an fsync follows that write, ``flush`` is called then too, to
         put the frame on the wire before it (once per distinct ``flush`` in a commit).
-        Early frames may overtake frames held before them in the same commit, never
-        those of an earlier commit."""
+        Early frames may overtake frames held before them in the same commit, and those
+        of an earlier commit whose fsync is still in flight; never those released
+        already."""
         self._early.append((deliver, data, flush))
         self._schedule()
 
@@ -94,13 +105,28 @@ class CommitGate:
 
     async def drain(self) -> None:
         """Commit what is left and release every held frame (the broker is stopping)."""
-        while self._inflight is not None or self._held or self._early or self._table.has_changes:
+        while (
+            self._inflight is not None
+            or self._sync_in_flight() is not None
+            or self._held
+            or self._early
+            or self._table.has_changes
+        ):
             if self._inflight is not None:
                 await asyncio.shield(self._inflight)
+            elif (syncing := self._sync_in_flight()) is not None:
+                # (_synced, called before this wakes, releases its frames or fails.)
+                await asyncio.wait([syncing])
             else:
                 self._flush()
             if self.failed is not None:
                 return
+
+    def _sync_in_flight(self) -> asyncio.Future[None] | None:
+        syncing = self._syncing
+        if syncing is not None and syncing.done():
+            syncing = self._syncing = None
+        return syncing
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         # The running loop, cached: asyncio.get_running_loop() makes a getpid() system
@@ -121,11 +147,23 @@ class CommitGate:
             return
         # Let a dispatch pass due this iteration run first, so its pushes ride this commit.
         self._before_flush()
+        syncing = self._sync_in_flight()
+        if syncing is not None and not self._early:
+            # Nothing to push early: wait for the fsync in flight, and then commit what
+            # gathered meanwhile in one (a commit, and an fsync, per loop turn cost more
+            # CPU per job than the disk saves).
+            if not self._waiting_sync:
+                self._waiting_sync = True
+                syncing.add_done_callback(self._after_sync)
+            return
         held, self._held = self._held, []
         early, self._early = self._early, []
         if not self._table.has_changes:
             _release_early(early)
-            _release(held)
+            if syncing is not None:
+                syncing.add_done_callback(functools.partial(self._synced, held))
+            else:
+                _release(held)
             return
         changes = self._table.take_changes()
         try:
@@ -133,12 +171,32 @@ class CommitGate:
         except StoreError as exc:
             self._fail(exc)
             return
-        if done:
-            self.batches += 1
-            _release_early(early)
+        if done is False:
+            self._inflight = self._loop().create_task(self._commit(changes, early, held))
+            return
+        self.batches += 1
+        _release_early(early)
+        if done is True:
             _release(held)
             return
-        self._inflight = self._loop().create_task(self._commit(changes, early, held))
+        self._syncing = done
+        done.add_done_callback(functools.partial(self._synced, held))
+
+    def _synced(self, held: list[tuple[Deliver, bytes]], syncing: asyncio.Future[None]) -> None:
+        """The fsync a commit's frames waited for is back: release them, or stop."""
+        if syncing.cancelled():
+            return
+        exc = syncing.exception()
+        if exc is not None:
+            if self.failed is None:
+                self._fail(exc if isinstance(exc, StoreError) else StoreError(str(exc)))
+            return
+        if self.failed is None:
+            _release(held)
+
+    def _after_sync(self, _: asyncio.Future[None]) -> None:
+        self._waiting_sync = False
+        self._schedule()
 
     def _fail(self, exc: StoreError) -> None:
         # Nothing more can be promised: hold every frame back and stop the broker.
@@ -153,6 +211,10 @@ class CommitGate:
         held: list[tuple[Deliver, bytes]],
     ) -> None:
         try:
+            if (syncing := self._sync_in_flight()) is not None:
+                await asyncio.wait([syncing])  # first the commits written before this one
+                if self.failed is not None:
+                    return
             await self._store.commit(changes, lambda: _before_fsync(early))
         except StoreError as exc:
             self._fail(exc)

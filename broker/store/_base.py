@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from typing import Protocol
@@ -25,8 +26,8 @@ class Store(Protocol):
 
     name: str
     durable: bool
-    # Whether a commit waits on the disk (an fsync on another thread): then each commit
-    # is a round trip worth filling, and the dispatcher pushes a worker's whole free
+    # Whether a commit waits on the disk (an fsync by another process or thread): then
+    # each commit is a round trip worth filling, and the dispatcher pushes a worker's whole free
     # window in one frame (broker/dispatch.py, Dispatcher.split_windows).
     slow_commits: bool
 
@@ -41,12 +42,17 @@ class Store(Protocol):
         """The table as last committed (a new empty one the first time). Raises StoreError."""
         ...
 
-    def commit_now(self, changes: Changes, written: Callable[[], None] = ...) -> bool:
-        """Write ``changes`` here and now, durable as ``commit`` would make them, when
-        that is quick (no checkpoint due, no slow disk), and return ``True``; else write
-        nothing and return ``False``: then call ``commit``. ``written`` is called between
-        the write (the changes then survive a killed broker) and an fsync that follows
-        it, if one does; it must not raise. Raises StoreError."""
+    def commit_now(
+        self, changes: Changes, written: Callable[[], None] = ...
+    ) -> bool | asyncio.Future[None]:
+        """Write ``changes`` here and now when that is quick (no checkpoint due), and
+        return ``True`` if they are then as durable as ``commit`` would make them, or a
+        future that ends when they are (an fsync in flight; it raises StoreError if that
+        fails; such futures end in the order of their commits, and later commits may be
+        written meanwhile). Else write nothing and return ``False``: then call ``commit``.
+        ``written`` is called between the write (the changes then survive a killed
+        broker) and an fsync that follows it, if one does; it must not raise. Raises
+        StoreError."""
         ...
 
     async def commit(self, changes: Changes, written: Callable[[], None] = ...) -> None:

@@ -12,17 +12,16 @@ A commit is written into the WAL on the caller's (the event loop's) thread, with
 own ``synchronous=NORMAL``: no fsync inside it, tens of microseconds for a batch. Handing
 the write to a thread cost several times the write itself: Python's sqlite3 lets go of
 the GIL around every row's step, so a thread writing while the loop is busy waited for
-the GIL once per row. With ``full``, the store then fsyncs the WAL itself
-(``os.fdatasync`` on the WAL file, which is what SQLite's ``synchronous=FULL`` does at a
-commit in WAL mode) before the gate releases the commit's replies: on the same thread
-while fsyncs are fast, on the writer thread for a while after a slow one (see
-``commit_now``). The one other part that fsyncs, the checkpoint that copies the WAL back
-into the database, comes with every ``_CHECKPOINT_EVERY``-th commit
-(``_CHECKPOINT_EVERY_FULL``-th with ``full``; SQLite's automatic checkpoint would run
-inside some commit on the event loop and stall it for milliseconds): with ``normal``
-beside the commits, on a thread and connection of its own, until the WAL must restart
-(``_RESTART_FRAMES``); with ``full``, and for a restart, on the writer thread with that
-commit whole, the commits waiting. Reading happens once, at
+the GIL once per row. With ``full``, the WAL is then fsynced (``fdatasync`` of the WAL
+file, which is what SQLite's ``synchronous=FULL`` does at a commit in WAL mode) before
+the gate releases the commit's replies: by a helper process (``_wal_sync.py``), while the
+loop goes on with the next requests and commits (see ``commit_now``). The one other part
+that fsyncs, the checkpoint that copies the WAL back into the database, comes with every
+``_CHECKPOINT_EVERY``-th commit (``_CHECKPOINT_EVERY_FULL``-th with ``full``; SQLite's
+automatic checkpoint would run inside some commit on the event loop and stall it for
+milliseconds): with ``normal`` beside the commits, on a thread and connection of its own,
+until the WAL must restart (``_RESTART_FRAMES``); with ``full``, and for a restart, on
+the writer thread with that commit whole, the commits waiting. Reading happens once, at
 ``load``.
 
 Claims. Most of a drain's writes are claims, and an UPDATE of each claimed row was half
@@ -49,7 +48,6 @@ import random
 import sqlite3
 import sys
 import threading
-import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -59,6 +57,7 @@ from typing import Any
 
 from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
+from ._wal_sync import WalSyncer
 
 __all__ = ["SqliteStore"]
 
@@ -141,14 +140,6 @@ _CHECKPOINT_EVERY_FULL = 250
 # Beside the commits, a drain's checkpoints no longer stalled it every 50 commits:
 # 1-worker drain +6-14%, 4 workers +14%, latency p99 at 1,000 jobs/s 1.8-2.8 -> ~1.0 ms.
 _RESTART_FRAMES = 4096
-# sync="full": an fsync of the WAL is made on the event loop's thread, inside the commit,
-# while each takes at most this long. Handing it to the writer thread cost ~2 us of CPU
-# per drained job (a thread round trip and a GIL hand-back per commit) and ~0.2 ms of
-# latency; but a slow disk must not stall the loop for long: one fsync over the limit
-# sends the next _OFFLOAD_COMMITS commits' fsyncs to the writer thread, then the loop
-# tries again. (Here a 4 KiB fsync took 0.13 ms at the median and 1 ms at most in 2,000.)
-_INLINE_FSYNC_LIMIT_S = 0.01
-_OFFLOAD_COMMITS = 1000
 _VERSION = len(_MIGRATIONS)
 
 _UPSERT_JOB = (
@@ -186,9 +177,7 @@ class SqliteStore:
         path: str | Path,
         *,
         sync: str = "full",
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """``clock`` times the fsyncs made on the caller's thread (see ``commit_now``)."""
         if sync not in ("full", "normal"):
             raise StoreError(f"sync: must be 'full' or 'normal', got {sync!r}")
         self.path = Path(path)
@@ -207,11 +196,10 @@ class SqliteStore:
         self.commits = 0  # transactions written (for metrics)
         # sync="full": every commit waits for an fsync of the WAL.
         self.slow_commits = sync == "full"
-        self._clock = clock
-        self._offloaded_until = 0  # full: commits before this count fsync on the thread
         self._since_checkpoint = 0
-        self._wal_fd: int | None = None  # sync="full": the WAL, opened at the first fsync
-        self.syncs = 0  # WAL fsyncs made by the store (for tests)
+        self._wal_fd: int | None = None  # sync="full": the WAL, opened by load
+        self._syncer: WalSyncer | None = None  # sync="full": fsyncs for commit_now
+        self._thread_syncs = 0  # WAL fsyncs made here or on the writer thread
         self.checkpoints = 0  # checkpoints made (for tests)
         # Claim records (see "Claims" above): the number of the last commit, the record
         # holding each row's live claim (seq -> commit number), and how many live claims
@@ -277,6 +265,17 @@ class SqliteStore:
         ``id_prefix`` applies only to a new, empty database (a stored one keeps its own).
         """
         db = self._open()
+        if self.slow_commits:
+            # Before the first commit, so that no commit waits for the helper to start;
+            # and before the store counts as open, so that no commit goes unsynced.
+            try:
+                self._syncer = WalSyncer(self._open_wal(), str(self.path))
+            except StoreError:
+                db.close()
+                if self._wal_fd is not None:
+                    os.close(self._wal_fd)
+                    self._wal_fd = None
+                raise
         self._db = db
         # The writer thread needs the GIL back the moment its fsync returns, or every
         # reply of the batch waits while the busy event loop runs on: Python's default
@@ -346,42 +345,35 @@ class SqliteStore:
 
     # -- writing --------------------------------------------------------------------------
 
-    def commit_now(self, changes: Changes, written: Callable[[], None] = _nothing) -> bool:
-        """Write ``changes`` here and now and return ``True`` when this commit can be made
-        on the caller's thread; else write nothing and return ``False`` (call ``commit``).
-        ``written`` is called between the write (the commit is in the WAL: it survives a
-        killed broker) and the fsync that ``full`` adds, and not at all when no fsync
-        follows: the commit gate puts on the wire there the frames that need no more
-        (pushed claims, see ``broker/commit.py``).
+    def commit_now(
+        self, changes: Changes, written: Callable[[], None] = _nothing
+    ) -> bool | asyncio.Future[None]:
+        """Write ``changes`` here and now when this commit can be made on the caller's
+        thread (the event loop's), and return ``True`` when it is then as durable as
+        ``sync`` makes it, or a future that ends once it is (``full``: when the WAL's
+        fsync is back; the future raises ``StoreError`` if it failed). Else write nothing
+        and return ``False``: call ``commit``. ``written`` is called between the write
+        (the commit is in the WAL: it survives a killed broker) and the fsync that
+        ``full`` adds, and not at all when no fsync follows: the commit gate puts on the
+        wire there the frames that need no more (pushed claims, see ``broker/commit.py``).
 
         ``normal``: every commit but a checkpointing one that must restart the WAL (see
         ``_RESTART_FRAMES``), which ``commit`` takes to the writer thread; a checkpoint
         that need not is started beside the commits, on a thread and connection of its
-        own. ``full``: every commit but a checkpointing one, and the WAL is fsynced here
-        too before this returns, as long as the disk is fast: an fsync that takes over
-        ``_INLINE_FSYNC_LIMIT_S`` sends the fsyncs of the next ``_OFFLOAD_COMMITS``
-        commits to the writer thread (``commit``), so that a slow disk does not stall the
-        event loop, and then they are tried here again. Raises ``StoreError``.
+        own. ``full``: every commit but a checkpointing one; its fsync is asked of the
+        helper process (``WalSyncer``), so the caller may write the next commits while
+        the disk syncs, and the futures end in order. Raises ``StoreError``.
         """
         turn = self._since_checkpoint + 1 >= self._checkpoint_every()
         if turn and self._whole_checkpoint_due():
             return False
-        if self.slow_commits and self.commits < self._offloaded_until:
-            return False
         self._since_checkpoint = 0 if turn else self._since_checkpoint + 1
-        self.write(changes)
-        if self.slow_commits:
+        self.write(changes)  # (raises StoreError when the store is closed)
+        syncer = self._syncer  # there once loaded, with full
+        if syncer is not None:
             written()
-            took = self._sync_wal()
-            if took > _INLINE_FSYNC_LIMIT_S:
-                self._offloaded_until = self.commits + _OFFLOAD_COMMITS
-                log.info(
-                    "%s: an fsync took %.1f ms; the next %d go to the writer thread",
-                    self.path,
-                    took * 1000,
-                    _OFFLOAD_COMMITS,
-                )
-        elif turn:
+            return syncer.request()
+        if turn:
             self._side = self._checkpointer.submit(self._side_checkpoint)
         return True
 
@@ -389,11 +381,11 @@ class SqliteStore:
         """Write one batch in one transaction; return when it is as durable as ``sync``
         makes it. Raises ``StoreError`` when the write or the fsync fails: the broker
         must then promise nothing more. ``written`` is called as in ``commit_now``: when
-        the batch is written on the loop and the writer thread is to fsync it (not for a
-        checkpointing commit, written on that thread, nor when no fsync follows).
+        the batch is written on the loop and an fsync is to follow (not for a
+        checkpointing commit, written on the writer thread, nor when no fsync follows).
 
-        The write happens here and now, with no fsync in it. ``full``: then the writer
-        thread fsyncs the WAL, and this returns after that. ``normal``: nothing to wait
+        The write happens here and now, with no fsync in it. ``full``: then the helper
+        process fsyncs the WAL, and this returns after that. ``normal``: nothing to wait
         for. Every ``_CHECKPOINT_EVERY``-th commit (``full``: ``_CHECKPOINT_EVERY_FULL``-th)
         checkpoints. With ``full``, and with
         ``normal`` when the WAL must restart, that commit goes to the writer thread whole
@@ -414,10 +406,11 @@ class SqliteStore:
             self.write(changes)
             self._side = self._checkpointer.submit(self._side_checkpoint)
             return
-        self.write(changes)
-        if self.slow_commits:
+        self.write(changes)  # (raises StoreError when the store is closed)
+        syncer = self._syncer  # there once loaded, with full
+        if syncer is not None:
             written()
-            await loop.run_in_executor(self._writer, self._sync_wal)
+            await syncer.request()
 
     def _checkpoint_every(self) -> int:
         """Commits per checkpoint (read at each commit, so a test may change it)."""
@@ -454,40 +447,52 @@ class SqliteStore:
         self._wal_frames = frames
         self.side_checkpoints += 1
 
-    def _sync_wal(self) -> float:
-        """fsync the WAL: every commit written so far is then on the disk. Returns how
-        long the WAL's fsync took (by ``clock``; the first call's fsync of the directory
-        is not counted).
+    @property
+    def syncs(self) -> int:
+        """WAL fsyncs made, for tests: the helper's (counted as answered requests) and
+        those of checkpointing commits, on the writer thread."""
+        helper = self._syncer.syncs if self._syncer is not None else 0
+        return self._thread_syncs + helper
+
+    def _open_wal(self) -> int:
+        """The WAL file, opened once for its fsyncs; its directory is fsynced then too.
 
         On Linux an fsync writes out the file whatever descriptor it is called on, so a
         descriptor of our own does what SQLite's ``synchronous=FULL`` does at a commit.
         SQLite keeps the WAL file (the same inode) while its connection is open; it is
-        only truncated, after checkpoints. The first call also fsyncs the directory, so
-        that the WAL's own entry in it survives a power loss (SQLite does this at the
-        first sync of a WAL it created, which with ``synchronous=NORMAL`` comes only at
-        the first checkpoint). An fsync error is fatal: the pages it failed to write may
-        be dropped from the page cache, so a later fsync that succeeds would prove nothing.
+        only truncated, after checkpoints. The directory's fsync makes the WAL's own entry
+        in it survive a power loss (SQLite does this at the first sync of a WAL it
+        created, which with ``synchronous=NORMAL`` comes only at the first checkpoint).
+        Raises StoreError.
         """
+        if self._wal_fd is not None:
+            return self._wal_fd
         try:
-            if self._wal_fd is None:
-                fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        os.fsync(directory)
-                    finally:
-                        os.close(directory)
-                except OSError:
-                    os.close(fd)
-                    raise
-                self._wal_fd = fd
-            started = self._clock()
-            os.fdatasync(self._wal_fd)
-            took = self._clock() - started
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open the WAL to fsync it: {exc}") from None
+        self._wal_fd = fd
+        return fd
+
+    def _sync_wal(self) -> None:
+        """fsync the WAL here: every commit written so far is then on the disk. An fsync
+        error is fatal: the pages it failed to write may be dropped from the page cache,
+        so a later fsync that succeeds would prove nothing. Raises StoreError."""
+        fd = self._open_wal()
+        try:
+            os.fdatasync(fd)
         except OSError as exc:
             raise StoreError(f"{self.path}: cannot fsync the WAL: {exc}") from None
-        self.syncs += 1
-        return took
+        self._thread_syncs += 1
 
     def _write_and_checkpoint(self, changes: Changes) -> None:
         if self._side is not None:
@@ -579,6 +584,8 @@ class SqliteStore:
         return dead
 
     def close(self) -> None:
+        if self._syncer is not None:
+            self._syncer.close()  # its last fsync finishes first; later requests fail
         self._checkpointer.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         if self._side_db is not None:

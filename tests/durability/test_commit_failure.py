@@ -1,11 +1,11 @@
 """A commit that fails mid-run: nothing it would have confirmed goes out, and the broker
-stops (broker/commit.py). Both ways a commit is made: at once on the event loop
-(``--sync normal``) and on the writer thread (``--sync full``)."""
+stops (broker/commit.py), with ``--sync normal`` and ``--sync full`` alike; and an fsync that
+fails after the commit's pushes left."""
 
 from __future__ import annotations
 
 import asyncio
-import os
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 from broker.config import Config
 from broker.engine import Changes
 from broker.server import running_broker
-from broker.store import StoreError
+from broker.store import SqliteStore, StoreError
 
 from ..server.conftest import record_writes
 
@@ -48,7 +48,9 @@ async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
 
 
 async def test_a_failed_fsync_after_a_push_left_sends_no_reply_and_stops_the_broker(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    break_fsyncs: Callable[[SqliteStore], None],
 ) -> None:
     # With --sync full a push leaves once its claim is written, before the fsync (see
     # broker/commit.py); the reply to the enqueue waits for the fsync, which fails here.
@@ -62,14 +64,13 @@ async def test_a_failed_fsync_after_a_push_left_sends_no_reply_and_stops_the_bro
         publisher = await connect(broker.url)
         written.clear()
 
-        def fail(fd: int) -> None:
-            raise OSError(5, "Input/output error")
-
-        monkeypatch.setattr(os, "fdatasync", fail)
+        assert isinstance(broker.store, SqliteStore)
+        break_fsyncs(broker.store)
         request = {"op": "enqueue", "rid": 2, "queue": "q", "payload": 1}
         await publisher.send(orjson.dumps(request).decode())
         await asyncio.wait_for(broker.stopped.wait(), WAIT)
         assert [orjson.loads(frame).get("push") for frame in written] == ["jobs"]
         assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
+        assert "cannot fsync the WAL" in str(broker.gate.failed)
         await worker.close()
         await publisher.close()
