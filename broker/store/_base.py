@@ -21,7 +21,8 @@ class Store(Protocol):
 
     ``load`` once at start; then, when ``durable``, ``commit_now`` or else ``commit``
     each batch of changes (one call at a time, in order) and release the replies that
-    depend on it when it returns; ``close`` at the end.
+    depend on it once it is durable (when the call returns ``True``, the future it
+    returned ends, or ``commit`` returns); ``close`` at the end.
     """
 
     name: str
