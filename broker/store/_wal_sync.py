@@ -76,7 +76,8 @@ class WalSyncer:
     def _bind(self) -> asyncio.AbstractEventLoop:
         if self._pending:  # futures of another loop, which can no longer end
             self._fail("the event loop changed with fsyncs in flight")
-            raise self._failed  # type: ignore[misc]
+            assert self._failed is not None
+            raise self._failed
         loop = asyncio.get_running_loop()
         loop.add_reader(self._from, self._readable)
         self._loop = loop

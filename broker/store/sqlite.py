@@ -198,8 +198,8 @@ class SqliteStore:
         self.slow_commits = sync == "full"
         self._since_checkpoint = 0
         self._wal_fd: int | None = None  # sync="full": the WAL, opened by load
-        self._syncer: WalSyncer | None = None  # sync="full": fsyncs for commit_now
-        self._thread_syncs = 0  # WAL fsyncs made here or on the writer thread
+        self._syncer: WalSyncer | None = None  # sync="full": the commits' fsyncs
+        self._thread_syncs = 0  # WAL fsyncs of checkpointing commits (writer thread)
         self.checkpoints = 0  # checkpoints made (for tests)
         # Claim records (see "Claims" above): the number of the last commit, the record
         # holding each row's live claim (seq -> commit number), and how many live claims

@@ -193,7 +193,7 @@ def test_a_broker_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
             syncer = WalSyncer(fd, "x.db")
             await syncer.request()
             print(syncer.pid, flush=True)
-            await asyncio.sleep(60)  # until killed
+            await asyncio.Event().wait()  # until killed
 
         asyncio.run(main())
         """
