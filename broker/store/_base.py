@@ -51,9 +51,10 @@ class Store(Protocol):
         future that ends when they are (an fsync in flight; it raises StoreError if that
         fails; such futures end in the order of their commits, and later commits may be
         written meanwhile). Else write nothing and return ``False``: then call ``commit``.
-        ``written`` is called between the write (the changes then survive a killed
-        broker) and an fsync that follows it, if one does; it must not raise. Raises
-        StoreError."""
+        ``written`` is called once the commit's claims survive a killed broker, if an
+        fsync is to follow: between the write and that fsync, or, for a commit of claims
+        only, before the write, once they are in the claim log (``sqlite``). It must not
+        raise. Raises StoreError."""
         ...
 
     async def commit(self, changes: Changes, written: Callable[[], None] = ...) -> None:

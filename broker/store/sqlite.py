@@ -33,6 +33,18 @@ an insert). The store remembers which record holds each row's live claim; a reco
 every row was since acked, rewritten or claimed again is deleted in the same commit, so
 the table never holds more records than there are jobs under a lease.
 
+The claim log. With ``full``, a commit of claims only (no row inserted or rewritten: a
+drain's refill after an ack) is first appended to ``<db>-claims`` (``_claim_log.py``), and
+``written`` is called then, before the SQLite write: the claims survive a killed broker
+once that one ``write`` returns, so the pushes need not wait for SQLite. In a 1-worker
+drain the worker had sat idle while the broker wrote each refill's commit; this took the
+drain on ``full`` up by a median 29% (4 alternating pairs). ``load`` lays claims that
+only the log holds over their rows as it does a record's, writes them into SQLite, and
+empties the log; its lease count raises the table's, so no lease is issued twice. (With
+``normal`` the pushes go in halves of a window, so the worker is busy while the broker
+writes anyway; the log went unused there, since the extra socket write per commit cost
+more than it won: a median 0.94 in 4 pairs.)
+
 Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
 from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
 database, or was made by a newer Conveyor is refused with a ``StoreError``.
@@ -57,6 +69,7 @@ from typing import Any
 
 from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
+from ._claim_log import ClaimLog, LoggedClaims
 from ._wal_sync import WalSyncer
 
 __all__ = ["SqliteStore"]
@@ -207,6 +220,8 @@ class SqliteStore:
         self._commit_no = 0
         self._claim_of: dict[int, int] = {}
         self._claims_live: dict[int, int] = {}
+        # Claims pushed before their commit is written (see _claim_log.py); open once loaded.
+        self._claim_log: ClaimLog | None = None
 
     # -- opening --------------------------------------------------------------------------
 
@@ -288,9 +303,20 @@ class SqliteStore:
                     clock=clock, rng=rng, max_payload_bytes=max_payload_bytes, id_prefix=id_prefix
                 )
                 table.start_journal()
+                # (A log beside a database that never committed holds nothing of it.)
+                self._claim_log, _ = ClaimLog.open(self._claim_log_path(), table.id_prefix)
+                self._claim_log.reset()
                 return table
             self._commit_no = meta[3]
             claims = self._read_claims(db)
+            self._claim_log, logged = ClaimLog.open(self._claim_log_path(), meta[0])
+            late = [record for record in logged if record.commit_no > meta[3]]
+            leases_issued = meta[2]
+            for record in late:  # pushed, but the broker stopped before their commit
+                for entry in _unpack_claims(record.texts, record.numbers):
+                    claims[entry[-1]] = (record.commit_no, entry)
+                leases_issued = max(leases_issued, record.leases_issued)
+                self._commit_no = max(self._commit_no, record.commit_no)
             queues = db.execute(f"SELECT {', '.join(QUEUE_FIELDS)} FROM queues").fetchall()
             columns = ", ".join(ROW_FIELDS)
             if claims:
@@ -299,14 +325,18 @@ class SqliteStore:
                 )
             else:  # no job was under a lease: the rows as they are
                 rows = db.execute(f"SELECT {columns} FROM jobs ORDER BY seq")
-            return JobTable.restore(
-                (meta[0], meta[1], meta[2]),
+            table = JobTable.restore(
+                (meta[0], meta[1], leases_issued),
                 queues,
                 rows,
                 clock=clock,
                 rng=rng,
                 max_payload_bytes=max_payload_bytes,
             )
+            if late:
+                self._keep_logged(db, late, claims, leases_issued)
+            self._claim_log.reset()
+            return table
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
         except (ValueError, TypeError, IndexError) as exc:
@@ -322,6 +352,40 @@ class SqliteStore:
             for entry in _unpack_claims(texts, numbers):
                 claims[entry[-1]] = (commit_no, entry)
         return claims
+
+    def _claim_log_path(self) -> Path:
+        return self.path.with_name(self.path.name + "-claims")
+
+    def _keep_logged(
+        self,
+        db: sqlite3.Connection,
+        late: list[LoggedClaims],
+        claims: dict[int, tuple[int, tuple[Any, ...]]],
+        leases_issued: int,
+    ) -> None:
+        """Write into SQLite the claims ``load`` took from the claim log (those laid over
+        a row), each in a record of its logged commit's number, so that the log may be
+        emptied; and the commit count and lease count they bring."""
+        numbers = {record.commit_no for record in late}
+        by_commit: dict[int, list[tuple[Any, ...]]] = {}
+        for seq, commit_no in self._claim_of.items():
+            if commit_no in numbers:
+                by_commit.setdefault(commit_no, []).append(claims[seq][1])
+        db.execute("BEGIN")
+        try:
+            for commit_no, entries in sorted(by_commit.items()):
+                db.execute(
+                    "INSERT INTO claims (commit_no, texts, numbers) VALUES (?, ?, ?)",
+                    (commit_no, *_pack_claims(entries)),
+                )
+            db.execute(
+                "UPDATE meta SET leases_issued = ?, commits = ?", (leases_issued, self._commit_no)
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
 
     def _with_claims(
         self, rows: Iterable[tuple[Any, ...]], claims: dict[int, tuple[int, tuple[Any, ...]]]
@@ -368,10 +432,33 @@ class SqliteStore:
         if turn and self._whole_checkpoint_due():
             return False
         self._since_checkpoint = 0 if turn else self._since_checkpoint + 1
-        self.write(changes)  # (raises StoreError when the store is closed)
+        if self._db is None:
+            raise StoreError("the store is closed")
+        packed = _pack_claims(changes.claims) if changes.claims else None
         syncer = self._syncer  # there once loaded, with full
-        if syncer is not None:
+        log = self._claim_log
+        # With full, a commit of claims only (the rows they change are all in the file
+        # already) goes to the claim log first: they then survive a killed broker, so the
+        # pushes leave before the commit is written. (Not with normal: its pushes go in
+        # halves of a window, so the worker is busy while the broker writes anyway, and
+        # the extra socket write per commit cost more than it won.)
+        first = (
+            syncer is not None
+            and log is not None
+            and packed is not None
+            and not (changes.upserts or changes.updates)
+        )
+        if first:
+            assert log is not None and packed is not None
+            log.append(self._commit_no + 1, changes.meta[2], *packed)
             written()
+        self.write(changes, packed)
+        if first:
+            assert log is not None
+            log.written()
+        if syncer is not None:
+            if not first:
+                written()
             return syncer.request()
         if turn:
             self._side = self._checkpointer.submit(self._side_checkpoint)
@@ -513,8 +600,9 @@ class SqliteStore:
         self.checkpoints += 1
         self._wal_frames = 0  # the next commit starts the WAL again
 
-    def write(self, changes: Changes) -> None:
-        """``commit``, on the calling thread (for tools and tests with no event loop)."""
+    def write(self, changes: Changes, packed: tuple[str, bytes] | None = None) -> None:
+        """``commit``, on the calling thread (for tools and tests with no event loop).
+        ``packed``: ``changes.claims`` as ``_pack_claims`` made them, if it was called."""
         db = self._db
         if db is None:
             raise StoreError("the store is closed")
@@ -530,7 +618,7 @@ class SqliteStore:
                 if changes.claims:
                     db.execute(
                         "INSERT INTO claims (commit_no, texts, numbers) VALUES (?, ?, ?)",
-                        (commit_no, *_pack_claims(changes.claims)),
+                        (commit_no, *(packed or _pack_claims(changes.claims))),
                     )
                 if dead:
                     db.executemany("DELETE FROM claims WHERE commit_no = ?", [(c,) for c in dead])
@@ -584,6 +672,8 @@ class SqliteStore:
         return dead
 
     def close(self) -> None:
+        if self._claim_log is not None:
+            self._claim_log.close()
         if self._syncer is not None:
             self._syncer.close()  # its last fsync finishes first; later requests fail
         self._checkpointer.shutdown(wait=True)

@@ -35,7 +35,7 @@ async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
         assert orjson.loads(await asyncio.wait_for(ws.recv(), WAIT))["ok"] is True
         written.clear()
 
-        def fail(changes: Changes) -> None:
+        def fail(changes: Changes, packed: object = None) -> None:
             raise StoreError("the disk is full")
 
         monkeypatch.setattr(broker.store, "write", fail)

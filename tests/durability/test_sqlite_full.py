@@ -58,8 +58,8 @@ async def test_every_commit_returns_after_the_helper_fsynced_the_wal(
     write, fdatasync = store.write, os.fdatasync
     request, answered = syncer.request, syncer._answered
 
-    def spy_write(changes: Changes) -> None:
-        write(changes)
+    def spy_write(changes: Changes, packed: tuple[str, bytes] | None = None) -> None:
+        write(changes, packed)
         events.append(("write", threading.current_thread().name))
 
     def spy_request() -> asyncio.Future[None]:

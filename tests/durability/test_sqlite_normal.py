@@ -29,9 +29,9 @@ async def test_normal_commits_inline_checkpoints_beside_them_and_keeps_the_wal_b
     threads: list[str] = []
     write = store.write
 
-    def spy(changes: object) -> None:
+    def spy(changes: object, packed: object = None) -> None:
         threads.append(threading.current_thread().name)
-        write(changes)  # type: ignore[arg-type]
+        write(changes, packed)  # type: ignore[arg-type]
 
     store.write = spy  # type: ignore[method-assign]
     commits = every * 20

@@ -28,12 +28,19 @@ from .conftest import ClientFactory, RawClient, record_writes, with_config
 
 def kinds_of(written: list[bytes]) -> list[str]:
     return [
-        "fsync" if frame == FSYNC else "push" if frame.startswith(b'{"push"') else "reply"
+        "fsync"
+        if frame == FSYNC
+        else "write"
+        if frame == WRITE
+        else "push"
+        if frame.startswith(b'{"push"')
+        else "reply"
         for frame in written
     ]
 
 
 FSYNC = b"<fsync>"
+WRITE = b"<write to sqlite>"  # noted by tests that watch the store's writes
 
 
 def record_fsyncs(monkeypatch: pytest.MonkeyPatch, written: list[bytes], broker: Broker) -> None:
@@ -216,3 +223,30 @@ async def test_without_fsync_a_push_and_a_reply_to_one_worker_share_one_write(
     await worker.call("ack", id=jobs[0]["id"], lease=jobs[0]["lease"])
     assert len(await worker.jobs(1)) == 1
     assert sorted(calls[0]) == ["push", "reply"], calls
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+async def test_with_fsync_a_refill_push_leaves_before_its_claims_are_written_to_sqlite(
+    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A commit of claims only (the ack's refill) goes to the claim log first, so the push
+    # is out before SQLite writes the commit, and the ack's reply after its fsync.
+    publisher, worker, written = await subscribed(broker, client, monkeypatch)
+    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
+    jobs = await worker.jobs(4)  # its prefetch: the fifth waits
+    store = broker.store
+    assert isinstance(store, SqliteStore)
+    write = store.write
+
+    def noting(changes: Any, packed: Any = None) -> None:
+        written.append(WRITE)
+        write(changes, packed)
+
+    monkeypatch.setattr(store, "write", noting)
+    written.clear()
+    await worker.send({"op": "ack", "rid": "a", "id": jobs[0]["id"], "lease": jobs[0]["lease"]})
+    [refill] = await worker.jobs(1)
+    assert refill["payload"] == 4
+    reply: dict[str, Any] = await worker.recv()
+    assert reply.get("rid") == "a" and reply["ok"] is True, reply
+    assert kinds_of(written) == ["push", "write", "fsync", "reply"]

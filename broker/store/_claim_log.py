@@ -1,0 +1,149 @@
+"""The claim log: a commit's claims, appended to a file of their own before the commit.
+
+A pushed job's claim must survive a killed broker (README, "Claims"). Written into
+SQLite, that took one whole commit before every push: in a 1-worker drain the worker then
+sat idle while the broker wrote (about a sixth of each window's round trip). Appending
+the commit's claim record to this file is one ``write`` system call; once it returns,
+the record is in the page cache, which a killed process does not take with it. So the
+push may leave at once, and the SQLite commit that holds the same claims follows while
+the worker starts.
+
+``load`` reads back the records of commits that never reached SQLite (the broker was
+killed between the append and the commit), lays their claims over their rows, writes
+them into SQLite, and empties the log. While the broker runs, the log is emptied once it
+holds ``_LIMIT`` bytes, right after a commit (everything in it is then in SQLite too).
+
+Nothing here is fsynced: like a push before the WAL's fsync, a power loss may forget the
+claims of the last moments (the job is then handed out again without that attempt
+counted). A job's last attempt never goes out before its fsync (``broker/dispatch.py``).
+
+Format: a header, ``_MAGIC`` and the database's id prefix (a log left by another database
+is ignored); then records, each ``<len:u32><crc32:u32>`` and a body of ``len`` bytes:
+``<commit number:i64><leases issued:i64><texts length:u32>``, the texts (UTF-8) and the
+numbers of a claim record (``sqlite._pack_claims``). A torn or corrupt record ends the
+log: no record after it was ever written by a broker that then went on.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+from typing import NamedTuple
+
+from ._base import StoreError
+
+__all__ = ["ClaimLog", "LoggedClaims"]
+
+_MAGIC = b"conveyor-claims 1\n"
+_RECORD = struct.Struct("<II")  # body length, crc32 of the body
+_BODY = struct.Struct("<qqI")  # commit number, leases issued, length of the texts
+# Emptied (after a commit) once it holds this much: a few hundred drain commits.
+_LIMIT = 1 << 20
+
+
+class LoggedClaims(NamedTuple):
+    """One record read back: the commit it was to be, the lease count then, the record."""
+
+    commit_no: int
+    leases_issued: int
+    texts: str
+    numbers: bytes
+
+
+class ClaimLog:
+    """An open claim log. ``open`` reads what it held; ``append`` each commit's claims
+    before the commit; ``written`` after the commit (it empties the log when due);
+    ``close`` at the end. Every method raises ``StoreError`` when the file fails."""
+
+    def __init__(self, path: Path, fd: int, header: bytes) -> None:
+        self.path = path
+        self._fd = fd
+        self._header = header
+        self._size = len(header)
+        self.resets = 0  # times emptied while running (for tests)
+
+    @classmethod
+    def open(cls, path: Path, id_prefix: str) -> tuple[ClaimLog, list[LoggedClaims]]:
+        """Open (creating) the log of the database whose id prefix is ``id_prefix``;
+        return it and the records it holds (none when it belongs to another database).
+        The records stay in the file until ``reset``: call it once they are in SQLite."""
+        header = _MAGIC + id_prefix.encode() + b"\n"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot open the claim log: {exc}") from None
+        log = cls(path, fd, header)
+        try:
+            with open(fd, "rb", closefd=False) as file:
+                data = file.read()
+            if not data.startswith(header):
+                records: list[LoggedClaims] = []
+                log.reset()  # new, or another database's
+            else:
+                records = _parse(data, len(header))
+                log._size = len(data)
+        except (OSError, StoreError) as exc:
+            os.close(fd)
+            raise StoreError(f"{path}: cannot read the claim log: {exc}") from None
+        return log, records
+
+    def append(self, commit_no: int, leases_issued: int, texts: str, numbers: bytes) -> None:
+        """Append one commit's claim record; once this returns, it survives a killed
+        broker (not a power loss)."""
+        encoded = texts.encode()
+        body = _BODY.pack(commit_no, leases_issued, len(encoded)) + encoded + numbers
+        data = _RECORD.pack(len(body), zlib.crc32(body)) + body
+        try:
+            written = os.write(self._fd, data)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot write the claim log: {exc}") from None
+        if written != len(data):  # a full disk: the tail is torn, so load stops before it
+            raise StoreError(f"{self.path}: cannot write the claim log: short write")
+        self._size += written
+
+    def written(self) -> None:
+        """Everything appended so far is in SQLite now: empty the log if it is due."""
+        if self._size >= _LIMIT:
+            self.reset()
+            self.resets += 1
+
+    def reset(self) -> None:
+        """Empty the log: only its header stays. Call it only when every record in it is
+        in SQLite."""
+        try:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, self._header)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot empty the claim log: {exc}") from None
+        self._size = len(self._header)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _parse(data: bytes, at: int) -> list[LoggedClaims]:
+    """The whole records in ``data`` from ``at``, up to the first torn or corrupt one."""
+    records = []
+    end = len(data)
+    while at + _RECORD.size <= end:
+        length, crc = _RECORD.unpack_from(data, at)
+        body = data[at + _RECORD.size : at + _RECORD.size + length]
+        if len(body) != length or length < _BODY.size or zlib.crc32(body) != crc:
+            break
+        commit_no, leases_issued, texts_len = _BODY.unpack_from(body)
+        texts = body[_BODY.size : _BODY.size + texts_len]
+        if len(texts) != texts_len:
+            break
+        try:
+            decoded = texts.decode()
+        except UnicodeDecodeError:
+            break
+        records.append(
+            LoggedClaims(commit_no, leases_issued, decoded, body[_BODY.size + texts_len :])
+        )
+        at += _RECORD.size + length
+    return records
