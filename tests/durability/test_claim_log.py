@@ -18,7 +18,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from broker.engine import Changes, JobTable
+from broker.engine import Changes, JobTable, QueueOpts
 from broker.store import SqliteStore, _claim_log
 from broker.store import sqlite as sqlite_store
 from broker.store._claim_log import ClaimLog, LoggedClaims
@@ -337,5 +337,40 @@ def test_a_missing_log_directory_entry_is_created_at_load(tmp_path: Path) -> Non
     _load(store)
     try:
         assert _log_path(db).exists()
+    finally:
+        store.close()
+
+
+def test_a_stored_record_whose_claim_a_logged_reclaim_overtook_is_deleted_at_load(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    now = [1000.0]
+    store = SqliteStore(db, sync="normal")
+    table = store.load(clock=lambda: now[0], rng=random.Random(0), max_payload_bytes=1 << 20)
+    queue = table.queue("q", QueueOpts(visibility_timeout_s=5.0))
+    job_id = queue.enqueue({"i": 0})
+    store.write(table.take_changes())
+    queue.claim_batch("w1", 1)
+    store.write(table.take_changes())  # the first claim: a record in SQLite
+    assert _stored_claim_records(db) == 1
+    now[0] += 10.0  # its lease lapses
+    [again] = queue.claim_batch("w2", 1)  # a reclaim, that only the log gets
+    changes = table.take_changes()
+    assert changes.claims and not (changes.upserts or changes.updates)
+    texts, numbers = sqlite_store._pack_claims(changes.claims)
+    record = LoggedClaims(store._commit_no + 1, changes.meta[2], texts, numbers)
+    store.close()
+    _append(db, _prefix(db), record).close()
+    store = SqliteStore(db, sync="normal")
+    table = store.load(clock=lambda: now[0], rng=random.Random(0), max_payload_bytes=1 << 20)
+    try:
+        assert table.held_leases() == [(job_id, again.lease, "w2")]
+        job = table.get_job(job_id)
+        assert job is not None and job.attempts == 2
+        assert _stored_claim_records(db) == 1  # the reclaim's record; the first one went
+        with sqlite3.connect(db) as conn:
+            [(commit_no,)] = conn.execute("SELECT commit_no FROM claims").fetchall()
+        assert commit_no == record.commit_no
     finally:
         store.close()
