@@ -420,10 +420,12 @@ class SqliteStore:
         thread (the event loop's), and return ``True`` when it is then as durable as
         ``sync`` makes it, or a future that ends once it is (``full``: when the WAL's
         fsync is back; the future raises ``StoreError`` if it failed). Else write nothing
-        and return ``False``: call ``commit``. ``written`` is called between the write
-        (the commit is in the WAL: it survives a killed broker) and the fsync that
-        ``full`` adds, and not at all when no fsync follows: the commit gate puts on the
-        wire there the frames that need no more (pushed claims, see ``broker/commit.py``).
+        and return ``False``: call ``commit``. ``written`` is called once the commit's
+        claims survive a killed broker, and not at all when no fsync follows: the commit
+        gate puts on the wire there the frames that need no more (pushed claims, see
+        ``broker/commit.py``). With ``full`` that is between the write (the commit is in
+        the WAL) and the fsync, or, for a commit of claims only, before the write, once
+        they are in the claim log.
 
         ``normal``: every commit but a checkpointing one that must restart the WAL (see
         ``_RESTART_FRAMES``), which ``commit`` takes to the writer thread; a checkpoint
@@ -440,29 +442,22 @@ class SqliteStore:
             raise StoreError("the store is closed")
         packed = _pack_claims(changes.claims) if changes.claims else None
         syncer = self._syncer  # there once loaded, with full
-        log = self._claim_log
         # With full, a commit of claims only (the rows they change are all in the file
         # already) goes to the claim log first: they then survive a killed broker, so the
         # pushes leave before the commit is written. (Not with normal: its pushes go in
         # halves of a window, so the worker is busy while the broker writes anyway, and
         # the extra socket write per commit cost more than it won.)
-        first = (
-            syncer is not None
-            and log is not None
-            and packed is not None
-            and not (changes.upserts or changes.updates)
-        )
-        if first:
-            assert log is not None and packed is not None
+        log = self._claim_log if syncer is not None else None
+        if log is not None and packed is not None and not (changes.upserts or changes.updates):
             log.append(self._commit_no + 1, changes.meta[2], *packed)
             written()
-        self.write(changes, packed)
-        if first:
-            assert log is not None
+            self.write(changes, packed)
             log.written()
-        if syncer is not None:
-            if not first:
+        else:
+            self.write(changes, packed)
+            if syncer is not None:
                 written()
+        if syncer is not None:
             return syncer.request()
         if turn:
             self._side = self._checkpointer.submit(self._side_checkpoint)
