@@ -200,6 +200,18 @@ async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_
     assert stats["queues"]["order"]["processing"] == 1  # the claim was committed all the same
 
 
+async def window_full(
+    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> tuple[RawClient, list[bytes], list[dict[str, Any]]]:
+    """``subscribed``, and five jobs queued: the worker holds four (its prefetch), the
+    fifth waits for an ack. Returns the worker, the frames written from then on (see
+    ``subscribed``) and the four jobs."""
+    publisher, worker, written = await subscribed(broker, client, monkeypatch)
+    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
+    jobs: list[dict[str, Any]] = await worker.jobs(4)
+    return worker, written, jobs
+
+
 @pytest.mark.parametrize("store_kind", ["sqlite"])
 @with_config(sync="normal")
 async def test_without_fsync_a_push_and_a_reply_to_one_worker_share_one_write(
@@ -207,9 +219,7 @@ async def test_without_fsync_a_push_and_a_reply_to_one_worker_share_one_write(
 ) -> None:
     # Nothing follows the write of a --sync normal commit, so an early push need not go
     # out on its own: the worker's ack reply and the push it frees leave together.
-    publisher, worker, _ = await subscribed(broker, client, monkeypatch)
-    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
-    jobs = await worker.jobs(4)  # its prefetch: the fifth waits
+    worker, _, jobs = await window_full(broker, client, monkeypatch)
     calls: list[list[str]] = []
     write = server._Socket.write_text_frames
 
@@ -231,9 +241,7 @@ async def test_with_fsync_a_refill_push_leaves_before_its_claims_are_written_to_
 ) -> None:
     # A commit of claims only (the ack's refill) goes to the claim log first, so the push
     # is out before SQLite writes the commit, and the ack's reply after its fsync.
-    publisher, worker, written = await subscribed(broker, client, monkeypatch)
-    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
-    jobs = await worker.jobs(4)  # its prefetch: the fifth waits
+    worker, written, jobs = await window_full(broker, client, monkeypatch)
     store = broker.store
     assert isinstance(store, SqliteStore)
     write = store.write
