@@ -28,9 +28,10 @@ A pushed job confirms nothing to anyone; what it needs is that the broker rememb
 claim after a crash of its own. So a push can be held *early* (``hold_early``): when
 the store calls back between a commit's write and its fsync (``--sync full``), the push
 is put on the wire there, and the worker starts on it while the disk syncs. For a commit
-of claims only, the store calls back before the write, once the claims are in its claim
-log (``broker/store/_claim_log.py``): the worker then starts while the broker writes. With
-nothing after the write (``--sync normal``), it simply goes with the other frames.
+of claims only, with either ``--sync``, the store calls back before the write, once the
+claims are in its claim log (``broker/store/_claim_log.py``): the worker then starts while
+the broker writes. Any other commit with nothing after its write (``--sync normal``)
+sends it with the other frames.
 (Waiting for the fsync cost the 1-worker drain on ``--sync full`` about a fifth of its
 rate: the broker's loop did nothing else meanwhile.) A power loss in that window can
 forget the claim: the job is then handed out again without that attempt counted, as

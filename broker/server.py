@@ -91,7 +91,8 @@ class Broker:
         )
         config.apply_queue_opts(self.table)
         self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
-        self.dispatcher.split_windows = not self.store.slow_commits
+        # A durable store pushes whole windows: see Dispatcher._push.
+        self.dispatcher.split_windows = not self.store.durable
         self.gate: CommitGate | None = None
         if self.store.durable:
             self.gate = CommitGate(

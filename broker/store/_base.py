@@ -27,9 +27,7 @@ class Store(Protocol):
 
     name: str
     durable: bool
-    # Whether a commit waits on the disk (an fsync by another process or thread): then
-    # each commit is a round trip worth filling, and the dispatcher pushes a worker's whole free
-    # window in one frame (broker/dispatch.py, Dispatcher.split_windows).
+    # Whether a commit waits on the disk (an fsync by another process or thread).
     slow_commits: bool
 
     def load(

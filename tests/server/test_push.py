@@ -12,10 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-
-from broker.config import Config
-
 from .conftest import BOTH_STORES, ClientFactory, RawClient
 
 pytestmark = BOTH_STORES
@@ -130,33 +126,6 @@ async def test_several_jobs_ride_in_one_frame(client: ClientFactory) -> None:
     frame = await worker.next_push("jobs")
     assert [job["id"] for job in frame["jobs"]] == ids
     assert len({job["lease"] for job in frame["jobs"]}) == 3
-
-
-@pytest.mark.parametrize("config_changes", [{}, {"sync": "normal"}], ids=["full", "normal"])
-async def test_a_full_window_comes_in_frames_of_at_most_half_the_prefetch(
-    client: ClientFactory, config: Config
-) -> None:
-    publisher = await client()
-    ids = (
-        await publisher.call("enqueue_batch", queue="q", jobs=[{"payload": i} for i in range(20)])
-    )["ids"]
-    worker = await client()
-    await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=7)
-    if config.store == "sqlite" and config.sync == "full":
-        # Every commit waits for an fsync, and so does every refill: the whole window
-        # rides one frame (and one commit).
-        [frame] = [await worker.next_push("jobs")]
-        assert [job["id"] for job in frame["jobs"]] == ids[:7]
-        return
-    frames = [await worker.next_push("jobs") for _ in range(2)]
-    # Seven free slots at once: four jobs (7 / 2, rounded up), then three, in order.
-    assert [len(frame["jobs"]) for frame in frames] == [4, 3]
-    assert [job["id"] for frame in frames for job in frame["jobs"]] == ids[:7]
-    # Acking the first frame refills exactly those four slots.
-    items = [{"id": job["id"], "lease": job["lease"]} for job in frames[0]["jobs"]]
-    assert (await worker.call("ack_batch", items=items))["landed"] == [True] * 4
-    refill = await worker.next_push("jobs")
-    assert [job["id"] for job in refill["jobs"]] == ids[7:11]
 
 
 async def test_prefetch_bounds_unfinished_jobs_and_each_report_frees_a_slot(
