@@ -13,6 +13,10 @@ killed between the append and the commit), lays their claims over their rows, wr
 them into SQLite, and empties the log. While the broker runs, the log is emptied once it
 holds ``_LIMIT`` bytes, right after a commit (everything in it is then in SQLite too).
 
+The store holds an exclusive ``flock`` on this file from the start of ``load`` to
+``close``: it is how a second broker started on the same database is refused (the kernel
+lets go of it when the process dies, so a killed broker never leaves it behind).
+
 Nothing here is fsynced: like a push before the WAL's fsync, a power loss may forget the
 claims of the last moments (the job is then handed out again without that attempt
 counted). A job's last attempt never goes out before its fsync (``broker/dispatch.py``).
@@ -26,6 +30,7 @@ log: no record after it was ever written by a broker that then went on.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import zlib
@@ -53,9 +58,10 @@ class LoggedClaims(NamedTuple):
 
 
 class ClaimLog:
-    """An open claim log. ``open`` reads what it held; ``append`` each commit's claims
-    before the commit; ``written`` after the commit (it empties the log when due);
-    ``close`` at the end. Every method raises ``StoreError`` when the file fails."""
+    """An open, locked claim log. ``lock`` then ``read`` (or ``open``, both) to get what
+    it held; ``append`` each commit's claims before the commit; ``written`` after the
+    commit (it empties the log when due); ``close`` at the end, which lets go of the lock.
+    Every method raises ``StoreError`` when the file fails."""
 
     def __init__(self, path: Path, fd: int, header: bytes) -> None:
         self.path = path
@@ -65,29 +71,65 @@ class ClaimLog:
         self.resets = 0  # times emptied while running (for tests)
 
     @classmethod
-    def open(cls, path: Path, id_prefix: str) -> tuple[ClaimLog, list[LoggedClaims]]:
-        """Open (creating) the log of the database whose id prefix is ``id_prefix``;
-        return it and the records it holds (none when it belongs to another database).
-        The records stay in the file until ``reset``: call it once they are in SQLite."""
-        header = _MAGIC + id_prefix.encode() + b"\n"
+    def lock(cls, path: Path) -> ClaimLog:
+        """Open (creating) the log and lock it: the lock is held until ``close`` (or the
+        process ends, killed or not), so that no second broker opens the same database
+        while this one runs. Its ``load`` would empty a log this one still appends to,
+        and both would write the same rows. Then call ``read``. Raises ``StoreError``,
+        saying so, when another process holds the lock (or another store in this one)."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise StoreError(f"{path}: cannot open the claim log: {exc}") from None
-        log = cls(path, fd, header)
         try:
-            with open(fd, "rb", closefd=False) as file:
-                data = file.read()
-            if not data.startswith(header):
-                records: list[LoggedClaims] = []
-                log.reset()  # new, or another database's
-            else:
-                records = _parse(data, len(header))
-                log._size = len(data)
-        except (OSError, StoreError) as exc:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
-            raise StoreError(f"{path}: cannot read the claim log: {exc}") from None
-        return log, records
+            raise StoreError(
+                f"{path}: locked: another Conveyor broker has this database open; stop "
+                "it first, or give this one a database of its own (--db)"
+            ) from None
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(f"{path}: cannot lock the claim log: {exc}") from None
+        return cls(path, fd, b"")
+
+    def discard_if_empty(self) -> None:
+        """Remove the file if it is empty (made by ``lock``, never read): a store whose
+        load failed leaves nothing beside the database. Call before ``close``, while the
+        lock still keeps other stores off it."""
+        try:
+            if os.fstat(self._fd).st_size == 0:
+                os.unlink(self.path)
+        except OSError:
+            pass  # (only tidiness is lost)
+
+    @classmethod
+    def open(cls, path: Path, id_prefix: str) -> tuple[ClaimLog, list[LoggedClaims]]:
+        """``lock``, then ``read``."""
+        log = cls.lock(path)
+        try:
+            return log, log.read(id_prefix)
+        except StoreError:
+            log.close()
+            raise
+
+    def read(self, id_prefix: str) -> list[LoggedClaims]:
+        """The records the log holds for the database whose id prefix is ``id_prefix``
+        (none when it belongs to another database, which empties it); call once, before
+        ``append``. The records stay in the file until ``reset``: call it once they are
+        in SQLite."""
+        self._header = _MAGIC + id_prefix.encode() + b"\n"
+        try:
+            with open(self._fd, "rb", closefd=False) as file:
+                data = file.read()
+            if not data.startswith(self._header):
+                self.reset()  # new, or another database's
+                return []
+            self._size = len(data)
+            return _parse(data, len(self._header))
+        except (OSError, StoreError) as exc:
+            raise StoreError(f"{self.path}: cannot read the claim log: {exc}") from None
 
     def append(self, commit_no: int, leases_issued: int, texts: str, numbers: bytes) -> None:
         """Append one commit's claim record; once this returns, it survives a killed

@@ -277,7 +277,29 @@ class SqliteStore:
         """Open (creating or upgrading) the file and rebuild the table from it.
 
         ``id_prefix`` applies only to a new, empty database (a stored one keeps its own).
+        Raises ``StoreError`` (the store is then closed), also when another broker has the
+        database open: the store locks it, through its claim log, until ``close``.
         """
+        # First of all, before anything is read or written: no other store has it open.
+        log = self._claim_log = ClaimLog.lock(self._claim_log_path())
+        try:
+            return self._load(
+                log, clock=clock, rng=rng, max_payload_bytes=max_payload_bytes, id_prefix=id_prefix
+            )
+        except BaseException:
+            log.discard_if_empty()
+            self.close()
+            raise
+
+    def _load(
+        self,
+        log: ClaimLog,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random,
+        max_payload_bytes: int,
+        id_prefix: str | None,
+    ) -> JobTable:
         db = self._open()
         if self.slow_commits:
             # Before the first commit, so that no commit waits for the helper to start;
@@ -303,12 +325,12 @@ class SqliteStore:
                 )
                 table.start_journal()
                 # (A log beside a database that never committed holds nothing of it.)
-                self._claim_log, _ = ClaimLog.open(self._claim_log_path(), table.id_prefix)
-                self._claim_log.reset()
+                log.read(table.id_prefix)
+                log.reset()
                 return table
             self._commit_no = meta[3]
             claims = self._read_claims(db)
-            self._claim_log, logged = ClaimLog.open(self._claim_log_path(), meta[0])
+            logged = log.read(meta[0])
             late = [record for record in logged if record.commit_no > meta[3]]
             leases_issued = meta[2]
             for record in late:  # pushed, but the broker stopped before their commit
@@ -334,7 +356,7 @@ class SqliteStore:
             )
             if late:
                 self._keep_logged(db, late, claims, leases_issued)
-            self._claim_log.reset()
+            log.reset()
             return table
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
@@ -670,8 +692,8 @@ class SqliteStore:
         return dead
 
     def close(self) -> None:
-        if self._claim_log is not None:
-            self._claim_log.close()
+        """Finish what is in flight and close every file; the lock on the database goes
+        last, once nothing more is written."""
         if self._syncer is not None:
             self._syncer.close()  # its last fsync finishes first; later requests fail
         self._checkpointer.shutdown(wait=True)
@@ -686,6 +708,8 @@ class SqliteStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._claim_log is not None:
+                self._claim_log.close()
 
 
 def _runs(seqs: list[int]) -> list[tuple[int, int]]:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 
 from broker.engine import Changes, JobTable, QueueOpts
-from broker.store import SqliteStore, _claim_log
+from broker.store import SqliteStore, StoreError, _claim_log
 from broker.store import sqlite as sqlite_store
 from broker.store._claim_log import ClaimLog, LoggedClaims
 
@@ -362,3 +362,26 @@ def test_a_stored_record_whose_claim_a_logged_reclaim_overtook_is_deleted_at_loa
         assert commit_no == record.commit_no
     finally:
         store.close()
+
+
+def test_a_second_store_on_an_open_database_is_refused_until_the_first_closes(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    first = SqliteStore(db)
+    table = _load(first)
+    table.queue("q").enqueue({"i": 0})
+    second = SqliteStore(db)
+    with pytest.raises(StoreError, match="another Conveyor broker has this database open"):
+        _load(second)
+    # The refused store read and wrote nothing: the first commits on as before.
+    first.write(table.take_changes())
+    table.queue("q").claim_batch("w1", 1)
+    first.write(table.take_changes())
+    first.close()
+    third = SqliteStore(db)
+    try:
+        restored = _load(third)
+        assert restored.queue("q").stats().processing == 1
+    finally:
+        third.close()

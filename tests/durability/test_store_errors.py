@@ -155,6 +155,8 @@ async def test_a_bad_database_file_stops_the_broker_with_a_message_naming_it(
     path = tmp_path / "conveyor.db"
     make(path)
     before = contents(path)
+    log = tmp_path / "conveyor.db-claims"  # there if make used the store
+    log_before = log.read_bytes() if log.exists() else None
     proc = await start(path)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), START)
@@ -170,6 +172,37 @@ async def test_a_bad_database_file_stops_the_broker_with_a_message_naming_it(
     assert "Traceback" not in message
     assert message.count("\n") == 1, message  # one line
     assert contents(path) == before  # left as it was, not made into an empty table
+    # Nothing made or changed beside it either.
+    assert (log.read_bytes() if log.exists() else None) == log_before
+
+
+async def test_a_second_broker_on_the_same_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "conveyor.db"
+    async with serving(db) as first:
+        async with Client(first.url, connect_timeout=WAIT, request_timeout=WAIT) as client:
+            job = await client.enqueue("emails", {"to": "a@b.c"})
+            second = await start(db)
+            try:
+                out, err = await asyncio.wait_for(second.communicate(), START)
+            finally:
+                if second.returncode is None:
+                    second.kill()
+                    await second.communicate()
+            message = err.decode()
+            assert second.returncode == 2, message
+            assert out == b""  # it never listened
+            assert message.startswith(f"conveyor: {db}-claims: locked: "), message
+            assert "another Conveyor broker has this database open" in message, message
+            assert "Traceback" not in message and message.count("\n") == 1, message
+            # The first goes on as before, its job and its claim log untouched.
+            info = await client.get_job(job)
+            assert info is not None and info.state == "pending"
+            await client.enqueue("emails", {"to": "d@e.f"})
+        assert await first.stop() == 0
+    # Once the first has stopped, a broker starts on the database and finds both jobs.
+    async with serving(db) as third:
+        async with Client(third.url, connect_timeout=WAIT, request_timeout=WAIT) as client:
+            assert (await client.stats("emails"))["emails"]["ready"] == 2
 
 
 def test_the_truncated_file_held_jobs_before_it_was_cut(tmp_path: Path) -> None:
