@@ -115,6 +115,32 @@ async def test_a_handler_that_returns_acks_the_job(
     assert worker.handled == 1
 
 
+@pytest.mark.parametrize("last", ["plain", "async"])
+async def test_the_handler_registered_last_for_a_queue_is_the_one_that_runs(
+    broker: Broker, client: Client, probe: Probe, last: str
+) -> None:
+    # The worker sorts handlers into async and plain once, at registration: registering
+    # another kind for the same queue must replace the first, not run beside it.
+    ran: list[str] = []
+    worker = make_worker(broker, "swap")
+
+    async def asynchronous(job: Job) -> None:
+        ran.append(f"async on {threading.current_thread() is threading.main_thread()}")
+
+    def plain(job: Job) -> None:
+        ran.append(f"plain on {threading.current_thread() is threading.main_thread()}")
+
+    first, then = (asynchronous, plain) if last == "plain" else (plain, asynchronous)
+    worker.handler("swap")(first)
+    worker.handler("swap")(then)
+    async with running(worker, probe):
+        job_id = await client.enqueue("swap", 1)
+        ack = await probe.report("ack", job_id)
+    assert ack.result == {"landed": True}
+    # A plain handler runs on a worker thread, an async one on the loop's thread.
+    assert ran == (["plain on False"] if last == "plain" else ["async on True"])
+
+
 async def test_retry_with_a_delay_runs_attempt_two_after_it(
     broker: Broker, client: Client, probe: Probe
 ) -> None:
