@@ -145,6 +145,13 @@ _CHECKPOINT_EVERY = 50
 # 18% (6 alternating pairs); drains and enqueues did not move (3 and 8 pairs). The WAL
 # holds more pages before it restarts, but a 50,000-job drain's WAL file peaked at 21 MB
 # with either setting (the fill's commits of 1,000 jobs make it).
+# At each start the lease count goes on this far above the count the file holds, which
+# is made durable before any lease is issued. A power loss can forget leases handed out
+# before their commit's fsync (a push leaves once its claims are written, or once they
+# are in the claim log, which is never fsynced), and a worker may still hold one: no
+# lease issued after the restart repeats it, unless a single run issued 2**32 leases
+# past its last fsync.
+_LEASE_GAP = 1 << 32
 _CHECKPOINT_EVERY_FULL = 250
 # sync="normal": the checkpoints run beside the commits (_side_checkpoint), which cannot
 # restart the WAL while commits keep coming; once the WAL holds more frames than this
@@ -338,6 +345,7 @@ class SqliteStore:
                     claims[entry[-1]] = (record.commit_no, entry)
                 leases_issued = max(leases_issued, record.leases_issued)
                 self._commit_no = max(self._commit_no, record.commit_no)
+            leases_issued += _LEASE_GAP
             queues = db.execute(f"SELECT {', '.join(QUEUE_FIELDS)} FROM queues").fetchall()
             columns = ", ".join(ROW_FIELDS)
             if claims:
@@ -356,12 +364,25 @@ class SqliteStore:
             )
             if late:
                 self._keep_logged(db, late, claims, leases_issued)
+            else:
+                db.execute("UPDATE meta SET leases_issued = ?", (leases_issued,))
+            self._sync_at_load()
             log.reset()
             return table
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
         except (ValueError, TypeError, IndexError) as exc:
             raise StoreError(f"{self.path}: a stored row makes no sense: {exc}") from None
+
+    def _sync_at_load(self) -> None:
+        """``full``: fsync what ``load`` wrote (the lease count above all, see
+        ``_LEASE_GAP``) before anything is handed out. Raises ``StoreError``."""
+        if self._wal_fd is None:
+            return
+        try:
+            os.fdatasync(self._wal_fd)
+        except OSError as exc:
+            raise StoreError(f"{self.path}-wal: fsync failed: {exc}") from None
 
     def _read_claims(self, db: sqlite3.Connection) -> dict[int, tuple[int, tuple[Any, ...]]]:
         """Every stored claim entry by seq, the latest record's for a row claimed twice:

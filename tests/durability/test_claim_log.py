@@ -7,6 +7,7 @@ tail, or a log of another database, is ignored."""
 
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import subprocess
@@ -385,3 +386,74 @@ def test_a_second_store_on_an_open_database_is_refused_until_the_first_closes(
         assert restored.queue("q").stats().processing == 1
     finally:
         third.close()
+
+
+def _copy_files(db: Path, to: Path) -> Path:
+    """The database's files as they are now, copied to ``to`` (between commits)."""
+    to.mkdir()
+    for suffix in ("", "-wal", "-claims"):
+        source = db.with_name(db.name + suffix)
+        if source.exists():
+            (to / (db.name + suffix)).write_bytes(source.read_bytes())
+    return to / db.name
+
+
+def test_a_lease_forgotten_by_a_power_loss_is_not_issued_again(tmp_path: Path) -> None:
+    # A push leaves before its commit's fsync, so a power loss can forget its claim, and
+    # the lease count with it. The worker may still hold that lease when the broker is
+    # back: a new claim of the same job must not get the same lease, or that worker's
+    # late ack would land on another worker's attempt.
+    db = tmp_path / "c.db"
+    store = SqliteStore(db, sync="normal")
+    table = _load(store)
+    job_id = table.queue("q").enqueue({"i": 0})
+    store.write(table.take_changes())
+    durable = _copy_files(db, tmp_path / "at-the-last-fsync")
+    [pushed] = table.queue("q").claim_batch("w1", 1)
+    store.write(table.take_changes())
+    store.close()
+
+    after = SqliteStore(durable, sync="normal")  # what the disk held after the power loss
+    try:
+        table = _load(after)
+        [again] = table.queue("q").claim_batch("w2", 1)
+        assert again.id == job_id and again.attempt == 1  # the claim was forgotten
+        assert again.lease != pushed.lease
+        assert not table.ack(job_id, pushed.lease)  # the old worker's ack does not land
+        assert table.ack(job_id, again.lease)
+    finally:
+        after.close()
+
+
+def test_with_sync_full_load_fsyncs_the_raised_lease_count_before_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "c.db"
+    store = SqliteStore(db)
+    table = _load(store)
+    table.queue("q").enqueue({"i": 0})
+    table.queue("q").claim_batch("w1", 1)
+    store.write(table.take_changes())
+    store.close()
+
+    def stored_count() -> int:
+        with sqlite3.connect(db) as conn:
+            count: int = conn.execute("SELECT leases_issued FROM meta").fetchone()[0]
+        return count
+
+    before = stored_count()
+    counts_at_fsync: list[int] = []
+    fdatasync = os.fdatasync
+
+    def noting(fd: int) -> None:
+        counts_at_fsync.append(stored_count())
+        fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", noting)
+    again = SqliteStore(db)
+    try:
+        _load(again)
+        # The raised count was in the WAL by the fsync that load made before returning.
+        assert counts_at_fsync and counts_at_fsync[-1] == before + sqlite_store._LEASE_GAP
+    finally:
+        again.close()
