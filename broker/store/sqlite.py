@@ -287,6 +287,8 @@ class SqliteStore:
         Raises ``StoreError`` (the store is then closed), also when another broker has the
         database open: the store locks it, through its claim log, until ``close``.
         """
+        if not self.path.parent.is_dir():  # (else the claim log's path would be named)
+            raise StoreError(f"{self.path}: cannot open: no directory {self.path.parent}")
         # First of all, before anything is read or written: no other store has it open.
         log = self._claim_log = ClaimLog.lock(self._claim_log_path())
         try:

@@ -176,6 +176,24 @@ async def test_a_bad_database_file_stops_the_broker_with_a_message_naming_it(
     assert (log.read_bytes() if log.exists() else None) == log_before
 
 
+async def test_a_database_in_a_directory_that_does_not_exist_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "missing" / "conveyor.db"
+    proc = await start(path)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), START)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.communicate()
+    message = err.decode()
+    assert proc.returncode == 2, message
+    assert out == b""
+    assert message == f"conveyor: {path}: cannot open: no directory {path.parent}\n"
+    assert not path.parent.exists()  # nothing made on the way
+
+
 async def test_a_second_broker_on_the_same_database_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "conveyor.db"
     async with serving(db) as first:
