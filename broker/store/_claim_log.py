@@ -58,10 +58,10 @@ class LoggedClaims(NamedTuple):
 
 
 class ClaimLog:
-    """An open, locked claim log. ``lock`` then ``read`` (or ``open``, both) to get what
-    it held; ``append`` each commit's claims before the commit; ``written`` after the
-    commit (it empties the log when due); ``close`` at the end, which lets go of the lock.
-    Every method raises ``StoreError`` when the file fails."""
+    """An open, locked claim log. ``lock``, then ``read`` to get what it held; ``append``
+    each commit's claims before the commit; ``written`` after the commit (it empties the
+    log when due); ``close`` at the end, which lets go of the lock. Every method raises
+    ``StoreError`` when the file fails."""
 
     def __init__(self, path: Path, fd: int, header: bytes) -> None:
         self.path = path
@@ -103,16 +103,6 @@ class ClaimLog:
                 os.unlink(self.path)
         except OSError:
             pass  # (only tidiness is lost)
-
-    @classmethod
-    def open(cls, path: Path, id_prefix: str) -> tuple[ClaimLog, list[LoggedClaims]]:
-        """``lock``, then ``read``."""
-        log = cls.lock(path)
-        try:
-            return log, log.read(id_prefix)
-        except StoreError:
-            log.close()
-            raise
 
     def read(self, id_prefix: str) -> list[LoggedClaims]:
         """The records the log holds for the database whose id prefix is ``id_prefix``

@@ -169,7 +169,8 @@ def _claims_not_committed(db: Path) -> tuple[list[str], list[str], LoggedClaims]
 
 
 def _append(db: Path, prefix: str, *records: LoggedClaims) -> ClaimLog:
-    log, _ = ClaimLog.open(_log_path(db), prefix)
+    log = ClaimLog.lock(_log_path(db))
+    log.read(prefix)
     for record in records:
         log.append(*record)
     return log
