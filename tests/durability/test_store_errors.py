@@ -88,6 +88,19 @@ async def serving(db: Path, *, port: int = 0, grace_s: float = 5.0) -> AsyncIter
             await proc.communicate()
 
 
+async def refused(db: Path) -> tuple[int | None, bytes, str]:
+    """Start a broker on ``db`` that is to refuse it: its exit status, its stdout and its
+    stderr, once it has exited (killed at the end if it did not)."""
+    proc = await start(db)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), START)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.communicate()
+    return proc.returncode, out, err.decode()
+
+
 # -- files that must be refused -------------------------------------------------------------
 
 
@@ -157,15 +170,8 @@ async def test_a_bad_database_file_stops_the_broker_with_a_message_naming_it(
     before = contents(path)
     log = tmp_path / "conveyor.db-claims"  # there if make used the store
     log_before = log.read_bytes() if log.exists() else None
-    proc = await start(path)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), START)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.communicate()
-    message = err.decode()
-    assert proc.returncode == 2, message
+    returncode, out, message = await refused(path)
+    assert returncode == 2, message
     assert out == b""  # it never listened
     assert message.startswith(f"conveyor: {path}: "), message
     assert says in message, message
@@ -180,15 +186,8 @@ async def test_a_database_in_a_directory_that_does_not_exist_is_refused_naming_i
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "missing" / "conveyor.db"
-    proc = await start(path)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), START)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.communicate()
-    message = err.decode()
-    assert proc.returncode == 2, message
+    returncode, out, message = await refused(path)
+    assert returncode == 2, message
     assert out == b""
     assert message == f"conveyor: {path}: cannot open: no directory {path.parent}\n"
     assert not path.parent.exists()  # nothing made on the way
@@ -199,15 +198,8 @@ async def test_a_second_broker_on_the_same_database_is_refused(tmp_path: Path) -
     async with serving(db) as first:
         async with Client(first.url, connect_timeout=WAIT, request_timeout=WAIT) as client:
             job = await client.enqueue("emails", {"to": "a@b.c"})
-            second = await start(db)
-            try:
-                out, err = await asyncio.wait_for(second.communicate(), START)
-            finally:
-                if second.returncode is None:
-                    second.kill()
-                    await second.communicate()
-            message = err.decode()
-            assert second.returncode == 2, message
+            returncode, out, message = await refused(db)
+            assert returncode == 2, message
             assert out == b""  # it never listened
             assert message.startswith(f"conveyor: {db}-claims: locked: "), message
             assert "another Conveyor broker has this database open" in message, message

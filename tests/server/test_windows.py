@@ -11,19 +11,26 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import ClientFactory
+from .conftest import ClientFactory, RawClient
+
+
+async def subscribed_to_twenty(client: ClientFactory) -> tuple[RawClient, list[str]]:
+    """Twenty jobs queued, then a worker subscribed with prefetch 7: the worker and the
+    jobs' ids, in queue order."""
+    publisher = await client()
+    ids: list[str] = (
+        await publisher.call("enqueue_batch", queue="q", jobs=[{"payload": i} for i in range(20)])
+    )["ids"]
+    worker = await client()
+    await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=7)
+    return worker, ids
 
 
 @pytest.mark.parametrize("store_kind", ["memory"])
 async def test_a_full_window_comes_in_frames_of_at_most_half_the_prefetch(
     client: ClientFactory,
 ) -> None:
-    publisher = await client()
-    ids = (
-        await publisher.call("enqueue_batch", queue="q", jobs=[{"payload": i} for i in range(20)])
-    )["ids"]
-    worker = await client()
-    await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=7)
+    worker, ids = await subscribed_to_twenty(client)
     frames = [await worker.next_push("jobs") for _ in range(2)]
     # Seven free slots at once: four jobs (7 / 2, rounded up), then three, in order.
     assert [len(frame["jobs"]) for frame in frames] == [4, 3]
@@ -42,12 +49,7 @@ async def test_with_a_durable_store_a_full_window_comes_in_one_frame(
 ) -> None:
     # Every frame costs a commit, and a refill's push leaves before its commit is written
     # (the claim log): the whole window rides one frame and one commit.
-    publisher = await client()
-    ids = (
-        await publisher.call("enqueue_batch", queue="q", jobs=[{"payload": i} for i in range(20)])
-    )["ids"]
-    worker = await client()
-    await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=7)
+    worker, ids = await subscribed_to_twenty(client)
     frame = await worker.next_push("jobs")
     assert [job["id"] for job in frame["jobs"]] == ids[:7]
     items = [{"id": job["id"], "lease": job["lease"]} for job in frame["jobs"][:5]]
