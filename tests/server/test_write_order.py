@@ -200,18 +200,6 @@ async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_
     assert stats["queues"]["order"]["processing"] == 1  # the claim was committed all the same
 
 
-async def window_full(
-    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
-) -> tuple[RawClient, list[bytes], list[dict[str, Any]]]:
-    """``subscribed``, and five jobs queued: the worker holds four (its prefetch), the
-    fifth waits for an ack. Returns the worker, the frames written from then on (see
-    ``subscribed``) and the four jobs."""
-    publisher, worker, written = await subscribed(broker, client, monkeypatch)
-    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
-    jobs: list[dict[str, Any]] = await worker.jobs(4)
-    return worker, written, jobs
-
-
 @pytest.mark.parametrize("store_kind", ["sqlite"])
 @pytest.mark.parametrize("config_changes", [{"sync": "full"}, {"sync": "normal"}])
 async def test_a_refill_push_leaves_before_its_claims_are_written_to_sqlite(
@@ -220,7 +208,9 @@ async def test_a_refill_push_leaves_before_its_claims_are_written_to_sqlite(
     # A commit of claims only (the ack's refill) goes to the claim log first, so the push
     # is out before SQLite writes the commit, and the ack's reply after the write (with
     # full, after its fsync).
-    worker, written, jobs = await window_full(broker, client, monkeypatch)
+    publisher, worker, written = await subscribed(broker, client, monkeypatch)
+    await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
+    jobs = await worker.jobs(4)  # its prefetch: the fifth waits
     store = broker.store
     assert isinstance(store, SqliteStore)
     write = store.write
