@@ -21,8 +21,8 @@ that fsyncs, the checkpoint that copies the WAL back into the database, comes wi
 automatic checkpoint would run inside some commit on the event loop and stall it for
 milliseconds): with ``normal`` beside the commits, on a thread and connection of its own,
 until the WAL must restart (``_RESTART_FRAMES``); with ``full``, and for a restart, on
-the writer thread with that commit whole, the commits waiting. Reading happens once, at
-``load``.
+the writer thread after that commit's write (the commit is written on the loop, and its
+pushes leave then), the commits waiting. Reading happens once, at ``load``.
 
 Claims. Most of a drain's writes are claims, and an UPDATE of each claimed row was half
 of a drain's time in SQLite. A commit's claims (``Changes.claims``) are instead written
@@ -257,7 +257,7 @@ class SqliteStore:
             db.execute("PRAGMA synchronous=NORMAL")
             # Bound the WAL file: after a checkpoint it is cut back to this size.
             db.execute("PRAGMA journal_size_limit=67108864")
-            # Checkpoints ride a commit on the writer thread (see commit).
+            # The store checkpoints itself, every so many commits (see commit).
             db.execute("PRAGMA wal_autocheckpoint=0")
             for step in range(version, _VERSION):
                 db.execute("BEGIN IMMEDIATE")
@@ -473,9 +473,9 @@ class SqliteStore:
         not at all.
 
         ``normal``: every commit but a checkpointing one that must restart the WAL (see
-        ``_RESTART_FRAMES``), which ``commit`` takes to the writer thread; a checkpoint
-        that need not is started beside the commits, on a thread and connection of its
-        own. ``full``: every commit but a checkpointing one; its fsync is asked of the
+        ``_RESTART_FRAMES``), which ``commit`` makes; a checkpoint that need not is
+        started beside the commits, on a thread and connection of its own. ``full``:
+        every commit but a checkpointing one; its fsync is asked of the
         helper process (``WalSyncer``), so the caller may write the next commits while
         the disk syncs, and the futures end in order. Raises ``StoreError``.
         """
@@ -483,24 +483,8 @@ class SqliteStore:
         if turn and self._whole_checkpoint_due():
             return False
         self._since_checkpoint = 0 if turn else self._since_checkpoint + 1
-        if self._db is None:
-            raise StoreError("the store is closed")
-        packed = _pack_claims(changes.claims) if changes.claims else None
         syncer = self._syncer  # there once loaded, with full
-        # A commit of claims only (the rows they change are all in the file already)
-        # goes to the claim log first: they then survive a killed broker, so the pushes
-        # leave before the commit is written, and the worker starts on its window while
-        # the broker writes (1-worker drain: about 1.2x with full, 1.15x with normal).
-        log = self._claim_log
-        if log is not None and packed is not None and not (changes.upserts or changes.updates):
-            log.append(self._commit_no + 1, changes.meta[2], *packed)
-            written()
-            self.write(changes, packed)
-            log.written()
-        else:
-            self.write(changes, packed)
-            if syncer is not None:
-                written()
+        self._write_here(changes, written, written_after=syncer is not None)
         if syncer is not None:
             return syncer.request()
         if turn:
@@ -510,28 +494,33 @@ class SqliteStore:
     async def commit(self, changes: Changes, written: Callable[[], None] = _nothing) -> None:
         """Write one batch in one transaction; return when it is as durable as ``sync``
         makes it. Raises ``StoreError`` when the write or the fsync fails: the broker
-        must then promise nothing more. ``written`` is called as in ``commit_now``: when
-        the batch is written on the loop and an fsync is to follow (not for a
-        checkpointing commit, written on the writer thread, nor when no fsync follows).
+        must then promise nothing more. ``written`` is called as in ``commit_now``, and
+        also once a whole checkpoint's commit is written (with either ``sync``: the
+        checkpoint still follows).
 
         The write happens here and now, with no fsync in it. ``full``: then the helper
         process fsyncs the WAL, and this returns after that. ``normal``: nothing to wait
         for. Every ``_CHECKPOINT_EVERY``-th commit (``full``: ``_CHECKPOINT_EVERY_FULL``-th)
-        checkpoints. With ``full``, and with
-        ``normal`` when the WAL must restart, that commit goes to the writer thread whole
-        instead, write and fsync and checkpoint: the commit gate has one commit in flight
-        at a time, so nothing is written while that checkpoint runs, it copies the whole
-        WAL, and the next commit starts the WAL from its beginning again. (A checkpoint
-        beside a stream of commits never catches up, so the WAL would grow without end.)
-        Otherwise ``normal`` starts the checkpoint beside the commits (see
-        ``_side_checkpoint``).
+        checkpoints. With ``full``, and with ``normal`` when the WAL must restart, it is
+        a whole checkpoint: the commit is written here, then the writer thread fsyncs the
+        WAL (``full``) and checkpoints, and this returns after that. The commit gate has
+        one commit in flight at a time, so nothing is written while that checkpoint runs,
+        it copies the whole WAL, and the next commit starts the WAL from its beginning
+        again. (A checkpoint beside a stream of commits never catches up, so the WAL
+        would grow without end.) Otherwise ``normal`` starts the checkpoint beside the
+        commits (see ``_side_checkpoint``).
         """
         loop = asyncio.get_running_loop()
         self._since_checkpoint += 1
         if self._since_checkpoint >= self._checkpoint_every():
             self._since_checkpoint = 0
             if self._whole_checkpoint_due():
-                await loop.run_in_executor(self._writer, self._write_and_checkpoint, changes)
+                # Written here like any other commit, so that its pushes leave now; only
+                # the fsync and the checkpoint wait on the writer thread. (Written there
+                # too, its pushes waited for the whole checkpoint: at 1,000 jobs/s with
+                # --sync full, a 1-1.6 ms stall every 250 commits that set the p99.)
+                self._write_here(changes, written, written_after=True)
+                await loop.run_in_executor(self._writer, self._sync_and_checkpoint)
                 return
             self.write(changes)
             self._side = self._checkpointer.submit(self._side_checkpoint)
@@ -547,10 +536,11 @@ class SqliteStore:
         return _CHECKPOINT_EVERY_FULL if self.slow_commits else _CHECKPOINT_EVERY
 
     def _whole_checkpoint_due(self) -> bool:
-        """Whether this checkpointing commit must go whole to the writer thread, the
-        commits waiting: always with ``full``; with ``normal`` when the WAL must restart,
-        because the last checkpoint beside the commits found it over ``_RESTART_FRAMES``
-        frames, failed, or has not finished yet (so the commits outrun it)."""
+        """Whether this checkpointing commit makes a whole checkpoint, on the writer
+        thread, the commits waiting: always with ``full``; with ``normal`` when the WAL
+        must restart, because the last checkpoint beside the commits found it over
+        ``_RESTART_FRAMES`` frames, failed, or has not finished yet (so the commits
+        outrun it)."""
         if self.slow_commits:
             return True
         side = self._side
@@ -624,12 +614,41 @@ class SqliteStore:
             raise StoreError(f"{self.path}: cannot fsync the WAL: {exc}") from None
         self._thread_syncs += 1
 
-    def _write_and_checkpoint(self, changes: Changes) -> None:
+    def _write_here(
+        self, changes: Changes, written: Callable[[], None], *, written_after: bool
+    ) -> None:
+        """Write one commit on the calling thread (the event loop's), and call
+        ``written`` once its claims survive a killed broker: for a commit of claims only,
+        before the write, once they are in the claim log; otherwise after the write if
+        ``written_after`` (something still follows it: an fsync, a checkpoint). Raises
+        ``StoreError``."""
+        if self._db is None:
+            raise StoreError("the store is closed")
+        packed = _pack_claims(changes.claims) if changes.claims else None
+        # A commit of claims only (the rows they change are all in the file already)
+        # goes to the claim log first: they then survive a killed broker, so the pushes
+        # leave before the commit is written, and the worker starts on its window while
+        # the broker writes (1-worker drain: about 1.2x with full, 1.15x with normal).
+        log = self._claim_log
+        if log is not None and packed is not None and not (changes.upserts or changes.updates):
+            log.append(self._commit_no + 1, changes.meta[2], *packed)
+            written()
+            self.write(changes, packed)
+            log.written()
+        else:
+            self.write(changes, packed)
+            if written_after:
+                written()
+
+    def _sync_and_checkpoint(self) -> None:
+        """The end of a whole checkpoint's commit, already written, on the writer thread:
+        with ``full`` the WAL's fsync, then the checkpoint, which copies the whole WAL
+        (the commit gate writes nothing meanwhile), so the next commit starts the WAL from
+        its beginning again."""
         if self._side is not None:
             # Two checkpoints at once: the second would do nothing. (Its own failure
             # was logged where it ran.)
             futures.wait([self._side])
-        self.write(changes)
         if self.slow_commits:
             self._sync_wal()  # the checkpoint below fsyncs only if it copies anything
         db = self._db

@@ -2,8 +2,9 @@
 WAL is then fsynced by the store's helper process before the commit counts as durable,
 which is when the commit gate releases the commit's replies. The loop does not wait for
 the disk meanwhile: ``commit_now`` hands back a future for the fsync, and the next
-commits may be written while it is in flight. A checkpointing commit goes whole to the
-writer thread, which fsyncs it itself. An fsync that fails stops everything."""
+commits may be written while it is in flight. A checkpointing commit is written here too,
+and then fsynced and checkpointed on the writer thread. An fsync that fails stops
+everything."""
 
 from __future__ import annotations
 
@@ -89,9 +90,11 @@ async def test_every_commit_returns_after_the_helper_fsynced_the_wal(
             await store.commit(table.take_changes())
             kinds = [kind for kind, _ in events[before:]]
             if i == every - 1:
-                # The checkpointing commit: written and fsynced on the writer thread.
+                # The checkpointing commit: written here (its pushes may leave then),
+                # then fsynced on the writer thread, which checkpoints after it.
                 assert kinds == ["write", "fdatasync here"], (i, kinds)
-                assert all(t.startswith("conveyor-sqlite") for _, t in events[before:])
+                assert events[before][1] == loop_thread
+                assert events[before + 1][1].startswith("conveyor-sqlite")
             else:
                 # Written here, then the helper asked, and only its answer ends the commit.
                 assert kinds == ["write", "ask the helper", "helper answered"], (i, kinds)
