@@ -13,7 +13,9 @@ each job was handled exactly once.
 
 The systems asked for (default: ``conveyor-memory`` and ``beanstalkd``) are measured in
 the same run, round after round in turn, and each round's p50 and p99 are printed with
-their ratio to the relay's from that round::
+their ratio to the relay's from that round. Besides the harness's systems there is
+``py-beanstalkd``: beanstalkd's protocol served by a few dozen lines of Python on uvloop
+(``bench/py_beanstalkd.py``), with the harness's beanstalkd clients, unchanged::
 
     .venv/bin/python bench/relay_floor.py [--systems conveyor-memory,beanstalkd] [--runs 3]
 
@@ -29,6 +31,7 @@ import statistics
 from typing import Any
 
 import compare  # the harness, beside this file (the script's directory is on the path)
+import latency_hops
 
 RATE = 1000.0
 SECONDS = 5.0
@@ -115,7 +118,10 @@ def main() -> None:
     parser.add_argument("--systems", default="conveyor-memory,beanstalkd")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    known = compare.all_systems()
+    # py-beanstalkd: beanstalkd's protocol served by Python (bench/py_beanstalkd.py), for
+    # the harness's beanstalkd clients: what a Python server in the middle costs alone.
+    py_beanstalkd = latency_hops.StampedPyBeanstalk()
+    known: dict[str, compare.System] = {**compare.all_systems(), "py-beanstalkd": py_beanstalkd}
     systems: list[compare.System] = [Relay()]
     for name in args.systems.split(","):
         if name not in known:

@@ -1,0 +1,250 @@
+"""Where the latency goes: each job's time from the enqueue call to its handler, in hops.
+
+``bench/compare.py``'s latency workload (a steady 1,000 jobs/s for 5 s, 2 workers, the
+harness's own clients), with a broker that notes, for every job, when it read the
+request that carried it and when it wrote the frame that pushed it to a worker. The
+payload's ``sent`` (the publisher's clock before the enqueue call) and the worker's
+handler start (the harness's tally) close the ends. One host clock (``CLOCK_MONOTONIC``)
+serves every process, so each job's latency splits into three hops:
+
+* **publisher**: from the enqueue call to the broker reading the request: the client's
+  send path, the socket, the broker's wake;
+* **broker**: from that read to the end of the write of the push: decoding, the job's
+  rules, the claim, framing (with ``--sync full``, the commit's write too);
+* **worker**: from there to the handler's start: the socket, the worker's wake, reading
+  the frame, starting the handler.
+
+Conveyor's broker is the real one, run by this script with two of its methods wrapped
+(``Connection._on_message`` and ``_Socket.write_text_frames``: a clock read and an
+append each); ``py-beanstalkd`` (``bench/py_beanstalkd.py``, beanstalkd's protocol in a
+few dozen lines of Python, with beanstalkd's own clients) notes the same two times, for a
+server that does almost nothing in between::
+
+    .venv/bin/python bench/latency_hops.py [--systems conveyor-memory-sdk,py-beanstalkd]
+        [--runs 3]
+
+Printed per round: the total's p50 and p99, each hop's p50, p90 and p99 taken on its
+own, and each hop's mean over the slowest 1% of jobs. What it showed is in
+``docs/benchmarks.md`` ("Where Conveyor still loses").
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import compare  # the harness, beside this file (the script's directory is on the path)
+
+RATE = 1000.0
+JOBS = 5000
+HERE = Path(__file__).resolve().parent
+_SENT = re.compile(rb'"seq":(\d+),"sent":([0-9.eE+-]+)')
+
+
+def serve_stamped(stamps_path: str, argv: list[str]) -> int:
+    """Run ``conveyor serve`` with the two stamps; write them to ``stamps_path`` at exit.
+    The broker is imported from the working directory (``compare.conveyor_root()`` of the
+    process that started this one: a ``--snapshot`` copy, say)."""
+    sys.path.insert(0, os.getcwd())
+    import broker.cli
+    import broker.server as server
+
+    reads: list[tuple[float, bytes]] = []
+    writes: list[tuple[float, list[bytes]]] = []
+    clock = time.monotonic
+    on_message = server.Connection._on_message
+    write_frames = server._Socket.write_text_frames
+
+    def stamped_on_message(self: Any, message: str | bytes) -> None:
+        at = clock()
+        data = message.encode() if isinstance(message, str) else bytes(message)
+        if b'"enqueue' in data:
+            reads.append((at, data))
+        on_message(self, message)
+
+    def stamped_write(self: Any, outbox: Any, limit: int) -> None:
+        pushes = [bytes(frame) for frame in list(outbox)[:16] if b'"push":"jobs"' in frame]
+        write_frames(self, outbox, limit)
+        if pushes:
+            writes.append((clock(), pushes))
+
+    def dump() -> None:
+        with open(stamps_path, "wb") as out:
+            for kind, entries in ((b"R", [(at, [data]) for at, data in reads]), (b"W", writes)):
+                for at, frames in entries:
+                    for frame in frames:
+                        for seq, sent in _SENT.findall(frame):
+                            out.write(b"%s %s %s %r\n" % (kind, seq, sent, at))
+
+    server.Connection._on_message = stamped_on_message  # type: ignore[method-assign]
+    server._Socket.write_text_frames = stamped_write  # type: ignore[method-assign]
+    atexit.register(dump)
+    return broker.cli.main(argv)
+
+
+class Stamped(compare.System):
+    """A system of the harness whose server notes its reads and writes in ``stamps``."""
+
+    stamps = ""
+
+    def finish(self) -> str:
+        """Stop the server (it writes its stamps then); return the stamps' path."""
+        if self._proc is not None:
+            compare.stop_popen(self._proc)
+            self._proc = None
+        return self.stamps
+
+    def stop(self) -> None:
+        self.finish()
+        super().stop()
+
+
+class StampedConveyor(Stamped):
+    """A Conveyor system of the harness, its broker run by ``serve_stamped``."""
+
+    def __init__(self, base: compare.System) -> None:
+        super().__init__(base.name, "conveyor", base.durability, base.sdk, base.store, base.sync)
+
+    def start(self) -> compare.Target:
+        self.stop()
+        self._tmp = Path(tempfile.mkdtemp(prefix="conveyor-hops-"))
+        self.stamps = str(self._tmp / "stamps")
+        args = ["serve", "--host", compare.HOST, "--port", "0", "--store", self.store,
+                "--db", str(self._tmp / "bench.db"), "--sync", self.sync,
+                "--log-level", "warning"]  # fmt: skip
+        self._proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve-stamped", self.stamps,
+             "--", *args],
+            cwd=compare.conveyor_root(), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        compare.CHILDREN.append(self._proc)
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().decode()
+        if not line.startswith("conveyor listening on "):
+            raise compare.Failed(f"conveyor did not start: {line!r}")
+        self._target = compare.Target("conveyor", line.split()[3], self.sdk)
+        return self._target
+
+
+class StampedPyBeanstalk(Stamped):
+    """``py_beanstalkd.py`` noting its reads of puts and its writes of jobs."""
+
+    def __init__(self) -> None:
+        super().__init__("py-beanstalkd", "beanstalkd", "memory")
+
+    def check(self) -> str:
+        compare.beanstalkd_check()  # greenstalk, for the workers
+        return "bench/py_beanstalkd.py"
+
+    def start(self) -> compare.Target:
+        self.stop()
+        self._tmp = Path(tempfile.mkdtemp(prefix="py-beanstalkd-hops-"))
+        self.stamps = str(self._tmp / "stamps")
+        port = compare.free_port()
+        self._proc = subprocess.Popen(
+            [sys.executable, str(HERE / "py_beanstalkd.py"), str(port), self.stamps],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        compare.CHILDREN.append(self._proc)
+        assert self._proc.stdout is not None
+        if not self._proc.stdout.readline().startswith(b"listening on "):
+            raise compare.Failed("py_beanstalkd.py did not start")
+        self._target = compare.Target("beanstalkd", f"{compare.HOST}:{port}")
+        return self._target
+
+
+def read_stamps(path: str) -> dict[int, tuple[float, float, float]]:
+    """The broker's stamps: seq -> (sent, request read, push written), for every job
+    whose both stamps are there."""
+    reads: dict[int, tuple[float, float]] = {}
+    writes: dict[int, float] = {}
+    with open(path, "rb") as stamps:
+        for line in stamps:
+            kind, seq, sent, at = line.split()
+            if kind == b"R":
+                reads[int(seq)] = (float(sent), float(at))
+            else:
+                writes[int(seq)] = float(at)
+    return {seq: (*reads[seq], wrote) for seq, wrote in writes.items() if seq in reads}
+
+
+def quantile(values: list[float], q: float) -> float:
+    return compare.quantile(sorted(values), q)
+
+
+def measure(system: Stamped) -> list[tuple[float, ...]]:
+    """One round: (total, publisher, broker, worker) seconds for every job."""
+    target = system.start()
+    try:
+        _, tallies = compare.run_workers(system, target, 2, JOBS, 120, publish_rate=RATE)
+        stamps = read_stamps(system.finish())
+    finally:
+        system.stop()
+    rows = []
+    for tally in tallies:
+        for seq, latency in zip(tally["seqs"], tally["lat"], strict=True):
+            if seq in stamps:
+                sent, read, wrote = stamps[seq]
+                rows.append((latency, read - sent, wrote - read, sent + latency - wrote))
+    if len(rows) < JOBS * 0.99:
+        raise compare.Failed(f"only {len(rows):,} of {JOBS:,} jobs have both stamps")
+    return rows
+
+
+def report(name: str, rows: list[tuple[float, ...]]) -> None:
+    ms = 1000.0
+    rows.sort()
+    slowest = rows[int(len(rows) * 0.99) :]
+    total = [r[0] for r in rows]
+    print(f"{name:<20} jobs {len(rows):,}  total p50 {quantile(total, 0.5) * ms:.3f}  "
+          f"p99 {quantile(total, 0.99) * ms:.3f} ms")  # fmt: skip
+    for index, hop in ((1, "publisher"), (2, "broker"), (3, "worker")):
+        values = [r[index] for r in rows]
+        worst = sum(r[index] for r in slowest) / len(slowest)
+        print(f"    {hop:<10} p50 {quantile(values, 0.5) * ms:.3f}  p90 "
+              f"{quantile(values, 0.9) * ms:.3f}  p99 {quantile(values, 0.99) * ms:.3f}  "
+              f"mean in the slowest 1%: {worst * ms:.3f} ms")  # fmt: skip
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve-stamped":
+        sys.exit(serve_stamped(sys.argv[2], sys.argv[4:]))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--systems", default="conveyor-memory-sdk,py-beanstalkd")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    known = compare.all_systems()
+    systems: list[Stamped] = []
+    for name in args.systems.split(","):
+        if name == "py-beanstalkd":
+            systems.append(StampedPyBeanstalk())
+        elif name in known and known[name].conveyor:
+            systems.append(StampedConveyor(known[name]))
+        else:
+            parser.error(f"--systems: {name!r} is neither a Conveyor system nor py-beanstalkd")
+    for system in systems:
+        system.check()
+    print(f"latency at {RATE:,.0f} jobs/s, {JOBS:,} jobs, 2 workers; hops in ms")
+    try:
+        for run in range(1, args.runs + 1):
+            for system in systems:
+                print(f"round {run}: ", end="")
+                report(system.name, measure(system))
+    finally:
+        for system in systems:
+            system.stop()
+        compare.stop_all()
+
+
+if __name__ == "__main__":
+    multiprocessing.freeze_support()
+    main()
