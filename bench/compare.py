@@ -63,6 +63,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT: list[str] = []  # with --snapshot: the commit Conveyor runs from (git archive)
+SDK_LOOP = ["auto"]  # --sdk-loop: the SDK worker's event loop, as `conveyor worker --loop`
 HOST = "127.0.0.1"
 IN_FLIGHT = 64  # enqueue window, as the issue asks
 PREFETCH = 64  # per worker
@@ -119,6 +120,19 @@ def take_snapshot() -> Path:
     return tmp
 
 
+def sdk_loop_name(choice: str) -> str:
+    """The loop ``--sdk-loop choice`` runs the SDK's worker on, by name."""
+    if choice == "asyncio":
+        return "asyncio's loop"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return "asyncio's loop (uvloop is not installed)"
+    return "uvloop"
+
+
 def conveyor_root() -> Path:
     return Path(SNAPSHOT[1]) if SNAPSHOT else ROOT
 
@@ -138,6 +152,7 @@ class Target:
     kind: str  # conveyor | rabbitmq | nats | beanstalkd
     address: str  # a ws:// URL, an amqp:// URL, a nats:// URL or host:port
     sdk: bool = False  # Conveyor: the SDK's Client and Worker instead of raw WebSockets
+    sdk_loop: str = "auto"  # the SDK's Worker runs on this loop (--sdk-loop), see worker_main
 
 
 class Skip(Exception):
@@ -184,7 +199,7 @@ class System:
         if self.kind == "conveyor":
             self._tmp = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
             self._proc, url = start_conveyor(self.store, self.sync, self._tmp)
-            self._target = Target("conveyor", url, self.sdk)
+            self._target = Target("conveyor", url, self.sdk, SDK_LOOP[0])
         elif self.kind == "beanstalkd":
             self._tmp = Path(tempfile.mkdtemp(prefix="beanstalkd-bench-"))
             self._proc, address = start_beanstalkd(self._tmp if self.binlog else None)
@@ -829,7 +844,16 @@ def worker_main(
         if target.kind == "beanstalkd":
             beanstalk_work(target, index, tally, results, go, stop)
         else:
-            asyncio.run(async_work(target, index, tally, results, go, stop))
+            # The SDK's Worker runs as `conveyor worker` runs it: on uvloop when that is
+            # installed (--sdk-loop auto), or asyncio's loop (--sdk-loop asyncio). The raw
+            # clients and every publisher stay on asyncio's, as a plain client would.
+            factory = None
+            if target.kind == "conveyor" and target.sdk:
+                from sdk._loop import loop_factory
+
+                factory = loop_factory(target.sdk_loop)
+            with asyncio.Runner(loop_factory=factory) as runner:
+                runner.run(async_work(target, index, tally, results, go, stop))
         results.put(("result", index, tally.result()))
     except BaseException:
         results.put(("error", index, traceback.format_exc()))
@@ -1554,6 +1578,9 @@ def main() -> None:
                         help=f"comma-separated, of: {', '.join(all_systems())}")  # fmt: skip
     parser.add_argument("--sdk-worker", action="store_true",
                         help="also run Conveyor with the SDK's Client and Worker")  # fmt: skip
+    parser.add_argument("--sdk-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="the SDK worker's event loop (auto, as `conveyor worker`: "
+                        "uvloop when installed)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 2,000 jobs, 1 round, small cost figures")  # fmt: skip
     parser.add_argument("--rate", type=float, default=1000.0, help="latency: jobs/s")
@@ -1590,6 +1617,7 @@ def main() -> None:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
     raise_nofile()
     snapshot = take_snapshot() if args.snapshot else None
+    SDK_LOOP[0] = args.sdk_loop
 
     began = time.monotonic()
     say(f"bench/compare.py  {time.strftime('%Y-%m-%d %H:%M:%S')}")
@@ -1598,7 +1626,8 @@ def main() -> None:
     size = len(job_body(10_000, time.monotonic()))
     say(
         f"workload: {args.jobs:,} jobs of {size} bytes, {args.runs} round(s); "
-        f"latency {args.rate:,.0f} jobs/s for {args.duration:g} s"
+        f"latency {args.rate:,.0f} jobs/s for {args.duration:g} s; "
+        f"the SDK's worker on {sdk_loop_name(args.sdk_loop)}"
     )
     systems: list[System] = []
     for name in wanted:

@@ -21,7 +21,7 @@ few dozen lines of Python, with beanstalkd's own clients) notes the same two tim
 server that does almost nothing in between::
 
     .venv/bin/python bench/latency_hops.py [--systems conveyor-memory-sdk,py-beanstalkd]
-        [--runs 3]
+        [--runs 3] [--sdk-loop auto|uvloop|asyncio]
 
 Printed per round: the total's p50 and p99, each hop's p50, p90 and p99 taken on its
 own, and each hop's mean over the slowest 1% of jobs. What it showed is in
@@ -131,7 +131,7 @@ class StampedConveyor(Stamped):
         line = self._proc.stdout.readline().decode()
         if not line.startswith("conveyor listening on "):
             raise compare.Failed(f"conveyor did not start: {line!r}")
-        self._target = compare.Target("conveyor", line.split()[3], self.sdk)
+        self._target = compare.Target("conveyor", line.split()[3], self.sdk, compare.SDK_LOOP[0])
         return self._target
 
 
@@ -221,7 +221,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default="conveyor-memory-sdk,py-beanstalkd")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sdk-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="the SDK worker's event loop, as in compare.py")  # fmt: skip
     args = parser.parse_args()
+    compare.SDK_LOOP[0] = args.sdk_loop
     known = compare.all_systems()
     systems: list[Stamped] = []
     for name in args.systems.split(","):
@@ -233,7 +236,8 @@ def main() -> None:
             parser.error(f"--systems: {name!r} is neither a Conveyor system nor py-beanstalkd")
     for system in systems:
         system.check()
-    print(f"latency at {RATE:,.0f} jobs/s, {JOBS:,} jobs, 2 workers; hops in ms")
+    print(f"latency at {RATE:,.0f} jobs/s, {JOBS:,} jobs, 2 workers (the SDK's on "
+          f"{compare.sdk_loop_name(args.sdk_loop)}); hops in ms")  # fmt: skip
     try:
         for run in range(1, args.runs + 1):
             for system in systems:
