@@ -662,6 +662,10 @@ async def running_broker(config: Config) -> AsyncIterator[Broker]:
         for task in (sweeper, feed):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if broker.gate is not None:
+            # Closing the connections changed the table too (with no disconnect grace,
+            # their jobs lapsed): commit that before the store closes.
+            await broker.gate.drain()
         broker.store.close()
 
 
