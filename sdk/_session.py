@@ -224,10 +224,11 @@ class Session:
         as raw JSON of ``size`` bytes, the options, a ``key``). The enqueues made in one
         loop iteration (a publisher's concurrent tasks, a ``SyncClient``'s threads) go
         out together, in the order made, as ``enqueue_each`` frames; each gets its own
-        answer, so one refused job fails alone. Resent after a reconnect and timed out
-        like ``request`` (the key makes a resend store the job once). A broker older than
-        ``enqueue_each`` answers it ``unknown_op``: then this and every later enqueue go
-        as plain ``enqueue``.
+        answer, so one refused job fails alone. An enqueue made while no request is in
+        flight goes out at once, alone, in the caller's own step. Resent after a
+        reconnect and timed out like ``request`` (the key makes a resend store the job
+        once). A broker older than ``enqueue_each`` answers it ``unknown_op``: then this
+        and every later enqueue go as plain ``enqueue``.
         """
         if self._fatal is not None:
             raise self._fatal
@@ -240,6 +241,11 @@ class Session:
             self._job_futures.append(future)
             self._job_bytes += size
             if len(self._jobs) >= _EACH_JOBS or self._job_bytes >= EACH_BYTES:
+                self._ship()
+            elif not self._pending and len(self._jobs) == 1:
+                # Nothing in flight: no reply is coming this iteration to wake more
+                # enqueues to share the frame with, so waiting for the iteration's end
+                # would only delay this one (a loop turn before the broker hears of it).
                 self._ship()
             elif not self._ship_scheduled:
                 self._ship_scheduled = True

@@ -425,7 +425,31 @@ async def test_a_broker_without_enqueue_each_gets_plain_enqueues() -> None:
             first = await asyncio.gather(*(old.enqueue("q", i) for i in range(3)))
             later = await old.enqueue("q", 3)
     assert first == ["id-0", "id-1", "id-2"] and later == "id-3"
-    assert ops == ["hello", "enqueue_each", "enqueue", "enqueue", "enqueue", "enqueue"]
+    # The first goes at once, alone; the two made meanwhile share the next frame. Once
+    # refused, every enqueue goes plain, those three again and every later one.
+    assert ops == ["hello", "enqueue_each", "enqueue_each", *["enqueue"] * 4]
+
+
+async def test_an_enqueue_with_nothing_in_flight_is_written_in_the_callers_step(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = client._session
+    writers: list[asyncio.Task[Any] | None] = []  # the task that wrote each frame
+    write_now = session._write_now
+
+    def spy(frame: bytes) -> None:
+        writers.append(asyncio.current_task())
+        write_now(frame)
+
+    monkeypatch.setattr(session, "_write_now", spy)
+    await client.enqueue("now", 1)  # alone, with nothing in flight
+    assert writers == [asyncio.current_task()]  # written before this task yielded
+    writers.clear()
+    ids = await asyncio.gather(*(client.enqueue("now", i) for i in range(5)))
+    assert len(set(ids)) == 5
+    # The first of a burst goes at once from its own task; the other four share one
+    # frame, written at the end of the loop iteration (no task then).
+    assert len(writers) == 2 and writers[0] is not None and writers[1] is None
 
 
 async def test_shared_frames_stay_small_and_a_large_payload_goes_alone(
