@@ -1462,7 +1462,8 @@ def print_targets(results: Results, names: list[str], cost: dict[str, Any], pend
         r, p = best("enqueue", conv, among)
         line(f"enqueue: {conv} >= the best peer of its durability",
              None if r is None else r >= 1.0, f"{_r(r)} vs {p}")  # fmt: skip
-    for conv in ("conveyor-memory", "conveyor-sqlite"):
+    # The SDK's rows too (--sdk-worker): what users run, publishing and working.
+    for conv in ("conveyor-memory", "conveyor-sqlite", *SDK_SYSTEMS):
         vals = [v for v in results["lat_p99"].get(conv, []) if v is not None]
         r, p = best("lat_p99", conv, peers, lower=True)
         p99 = statistics.median(vals) if vals else None
