@@ -72,8 +72,10 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
         on_message(self, message)
 
     def stamped_write(self: Any, outbox: Any, limit: int) -> None:
-        pushes = [bytes(frame) for frame in list(outbox)[:16] if b'"push":"jobs"' in frame]
+        queued = list(outbox)
         write_frames(self, outbox, limit)
+        taken = queued[: len(queued) - len(outbox)]  # what this write took
+        pushes = [bytes(frame) for frame in taken if b'"push":"jobs"' in frame]
         if pushes:
             writes.append((clock(), pushes))
 
