@@ -32,6 +32,8 @@ def kinds_of(written: list[bytes]) -> list[str]:
         if frame == FSYNC
         else "write"
         if frame == WRITE
+        else "checkpoint"
+        if frame == CHECKPOINT
         else "push"
         if frame.startswith(b'{"push"')
         else "reply"
@@ -41,6 +43,7 @@ def kinds_of(written: list[bytes]) -> list[str]:
 
 FSYNC = b"<fsync>"
 WRITE = b"<write to sqlite>"  # noted by tests that watch the store's writes
+CHECKPOINT = b"<checkpoint>"  # noted by tests that watch the store's whole checkpoints
 
 
 def record_fsyncs(monkeypatch: pytest.MonkeyPatch, written: list[bytes], broker: Broker) -> None:
@@ -140,30 +143,36 @@ async def test_without_fsync_a_push_and_its_reply_leave_once_written(
     assert sorted(kinds_of(written)) == ["push", "reply"]
 
 
+def note_checkpoints(monkeypatch: pytest.MonkeyPatch, written: list[bytes], broker: Broker) -> None:
+    """Make every checkpointing commit a whole one, and note each whole checkpoint in
+    ``written`` when it ends (on the writer thread, before the commit's replies go)."""
+    store = broker.store
+    assert isinstance(store, SqliteStore)
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY_FULL", 1)
+    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
+    monkeypatch.setattr(sqlite_store, "_RESTART_FRAMES", -1)  # normal: the WAL must restart
+    checkpoint = store._sync_and_checkpoint
+
+    def noting() -> None:
+        checkpoint()
+        written.append(CHECKPOINT)
+
+    monkeypatch.setattr(store, "_sync_and_checkpoint", noting)
+
+
 @pytest.mark.parametrize("store_kind", ["sqlite"])
 async def test_a_checkpointing_commits_push_leaves_before_its_fsync_and_checkpoint(
     broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every commit checkpoints: written on the loop, then fsynced and checkpointed on the
-    # writer thread while the commits behind it wait. Its push leaves once it is written
-    # (a push held for the whole checkpoint, 1-1.6 ms every 250 commits, was the p99 of
-    # --sync full at 1,000 jobs/s); its reply waits for the fsync and the checkpoint.
-    monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY_FULL", 1)
-    store = broker.store
-    assert isinstance(store, SqliteStore)
+    # A whole checkpoint: its commit is written on the loop, then fsynced and
+    # checkpointed on the writer thread while the commits behind it wait. Its push
+    # leaves once it is written (a push held for the whole checkpoint, 1-1.6 ms every 250
+    # commits, was the p99 of --sync full at 1,000 jobs/s); its reply waits for both.
     publisher, worker, written = await subscribed(broker, client, monkeypatch)
-    checkpoint, events = store._sync_and_checkpoint, []
-
-    def noting_checkpoint() -> None:
-        checkpoint()
-        events.append(store.checkpoints)
-
-    monkeypatch.setattr(store, "_sync_and_checkpoint", noting_checkpoint)
-    before = store.checkpoints
+    note_checkpoints(monkeypatch, written, broker)
     await publisher.call("enqueue", queue="order", payload=1, max_attempts=2)
     [job] = await worker.jobs(1)
-    assert kinds_of(written) == ["push", "fsync", "reply"]
-    assert events == [before + 1]  # that commit's whole checkpoint, made before the reply
+    assert kinds_of(written) == ["push", "fsync", "checkpoint", "reply"]
     # A job's last attempt still waits for the fsync, checkpoint or not.
     written.clear()
     await worker.call("ack", id=job["id"], lease=job["lease"])
@@ -172,6 +181,20 @@ async def test_a_checkpointing_commits_push_leaves_before_its_fsync_and_checkpoi
     await worker.jobs(1)
     kinds = kinds_of(written)
     assert kinds.index("fsync") < kinds.index("push")
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite"])
+@with_config(sync="normal")
+async def test_without_fsync_a_whole_checkpoints_push_leaves_before_the_checkpoint(
+    broker: Broker, client: ClientFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --sync normal makes a whole checkpoint only when the WAL must restart; its push,
+    # too, leaves once the commit is written, and its reply after the checkpoint.
+    publisher, worker, written = await subscribed(broker, client, monkeypatch)
+    note_checkpoints(monkeypatch, written, broker)
+    await publisher.call("enqueue", queue="order", payload=1)
+    await worker.jobs(1)
+    assert kinds_of(written) == ["push", "checkpoint", "reply"]
 
 
 @pytest.mark.parametrize("store_kind", ["sqlite"])
