@@ -121,16 +121,11 @@ def take_snapshot() -> Path:
 
 
 def sdk_loop_name(choice: str) -> str:
-    """The loop ``--sdk-loop choice`` runs the SDK's worker on, by name."""
-    if choice == "asyncio":
-        return "asyncio's loop"
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        if choice == "uvloop":
-            raise
-        return "asyncio's loop (uvloop is not installed)"
-    return "uvloop"
+    """The loop ``--sdk-loop choice`` runs the SDK's worker on, by name (the choice made
+    as ``conveyor worker --loop`` makes it; ImportError for uvloop when it is missing)."""
+    from sdk._loop import loop_factory
+
+    return "asyncio's loop" if loop_factory(choice) is None else "uvloop"
 
 
 def conveyor_root() -> Path:
