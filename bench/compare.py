@@ -683,6 +683,12 @@ class Tally:
         self.seqs: list[int] = []
         self.lat: list[float] = []
         self.last_ack = 0.0
+        # With BENCH_READ_STAMPS set (bench/latency_hops.py): when the worker's client
+        # library handed each read's bytes to Python, as (time, bytes) for the SDK's
+        # socket, and per job seq for greenstalk's (one reserved job at a time).
+        self.stamp_reads = bool(os.environ.get("BENCH_READ_STAMPS"))
+        self.raw_reads: list[tuple[float, bytes]] = []
+        self.reads: dict[int, float] = {}
 
     def handle(self, body: Any) -> None:
         """The handler starts: ``body`` is the decoded job."""
@@ -696,7 +702,52 @@ class Tally:
         self.count.value += 1
 
     def result(self) -> dict[str, Any]:
-        return {"seqs": self.seqs, "lat": self.lat, "last_ack": self.last_ack}
+        out = {"seqs": self.seqs, "lat": self.lat, "last_ack": self.last_ack}
+        if self.stamp_reads:
+            for at, data in self.raw_reads:  # a job's first read: the one that carried it
+                for seq in _SEQ_IN_FRAME.findall(data):
+                    self.reads.setdefault(int(seq), at)
+            out["reads"] = self.reads
+        return out
+
+
+_SEQ_IN_FRAME = re.compile(rb'"seq":(\d+)')
+
+
+def stamp_sdk_reads(tally: Tally) -> None:
+    """Note, in ``tally.raw_reads``, the time and bytes of every read of the SDK's
+    sockets in this process, as the event loop hands them over (one clock read and an
+    append each; the seqs are found after the round)."""
+    from sdk._socket import DirectReader
+
+    received = DirectReader.data_received
+    clock, append = time.monotonic, tally.raw_reads.append
+
+    def data_received(self: Any, data: bytes) -> None:
+        append((clock(), data))
+        received(self, data)
+
+    DirectReader.data_received = data_received  # type: ignore[method-assign]
+
+
+class _StampedReader:
+    """greenstalk's buffered socket reader, noting when each response line came in."""
+
+    def __init__(self, reader: Any) -> None:
+        self._reader = reader
+        self.at = 0.0
+
+    def readline(self) -> bytes:
+        line: bytes = self._reader.readline()
+        self.at = time.monotonic()
+        return line
+
+    def read(self, size: int) -> bytes:
+        data: bytes = self._reader.read(size)
+        return data
+
+    def close(self) -> None:
+        self._reader.close()
 
 
 class ConveyorWorker:
@@ -715,6 +766,14 @@ class ConveyorWorker:
         subscribe = {"op": "subscribe", "rid": "s", "worker_id": self.name, "queues": [QUEUE],
                      "prefetch": PREFETCH}  # fmt: skip
         await self.ws.send(orjson.dumps(subscribe), text=True)
+        if tally.stamp_reads:
+            received, clock, append = self.ws.data_received, time.monotonic, tally.raw_reads.append
+
+            def data_received(data: bytes) -> None:
+                append((clock(), data))
+                received(data)
+
+            self.ws.data_received = data_received  # type: ignore[method-assign]
         rid = 0
         async for raw in self.ws:
             frame = orjson.loads(raw)
@@ -755,6 +814,9 @@ class ConveyorSdkWorker:
 
     async def run(self, tally: Tally) -> None:
         from sdk import Job
+
+        if tally.stamp_reads:
+            stamp_sdk_reads(tally)
 
         @self.worker.handler(QUEUE)
         async def handle(job: Job) -> None:
@@ -879,6 +941,9 @@ def beanstalk_work(
 
     host, port = target.address.rsplit(":", 1)
     client = greenstalk.Client((host, int(port)), watch=TUBE, encoding=None)
+    reader = None
+    if tally.stamp_reads:
+        reader = client._reader = _StampedReader(client._reader)
     results.put(("ready", index, None))
     go.wait()
     while not stop.is_set():
@@ -886,7 +951,10 @@ def beanstalk_work(
             job = client.reserve(timeout=1)
         except greenstalk.TimedOutError:
             continue
-        tally.handle(orjson.loads(job.body))
+        body = orjson.loads(job.body)
+        tally.handle(body)
+        if reader is not None:
+            tally.reads[body["seq"]] = reader.at  # the RESERVED line's arrival
         client.delete(job)  # waits for DELETED
         tally.acked()
     client.close()

@@ -1,24 +1,33 @@
 """Where the latency goes: each job's time from the enqueue call to its handler, in hops.
 
 ``bench/compare.py``'s latency workload (a steady 1,000 jobs/s for 5 s, 2 workers, the
-harness's own clients), with a broker that notes, for every job, when it read the
-request that carried it and when it wrote the frame that pushed it to a worker. The
-payload's ``sent`` (the publisher's clock before the enqueue call) and the worker's
-handler start (the harness's tally) close the ends. One host clock (``CLOCK_MONOTONIC``)
-serves every process, so each job's latency splits into three hops:
+harness's own clients), with a server that notes, for every job, when the read that
+carried its request began and when it started and ended the write of the frame that
+pushed it to a worker, and workers that note when their client library handed them each
+read (``compare.Tally``, with ``BENCH_READ_STAMPS`` set). The payload's ``sent`` (the
+publisher's clock before the enqueue call) and the handler's start (the tally) close the
+ends. One host clock (``CLOCK_MONOTONIC``) serves every process, so each job's latency
+splits into four hops that add up to it:
 
-* **publisher**: from the enqueue call to the broker reading the request: the client's
-  send path, the socket, the broker's wake;
-* **broker**: from that read to the end of the write of the push: decoding, the job's
-  rules, the claim, framing (with ``--sync full``, the commit's write too);
-* **worker**: from there to the handler's start: the socket, the worker's wake, reading
-  the frame, starting the handler.
+* **publisher**: from the enqueue call to the server's read: the client's send path, the
+  socket, the server's wake;
+* **server**: from that read to the start of the write of the push: parsing and decoding
+  the request, the job's rules, the claim, framing (with ``--sync full``, the commit's
+  write too): the server's own Python;
+* **wire**: from there to the worker's read: the write call, the socket, the worker's
+  wake (negative when the worker, on the other core, reads before the server's write call
+  has returned);
+* **worker**: from its read to the handler's start: parsing and decoding the push,
+  starting the handler: the worker's own Python.
 
-Conveyor's broker is the real one, run by this script with two of its methods wrapped
-(``Connection._on_message`` and ``_Socket.write_text_frames``: a clock read and an
-append each); ``py-beanstalkd`` (``bench/py_beanstalkd.py``, beanstalkd's protocol in a
-few dozen lines of Python, with beanstalkd's own clients) notes the same two times, for a
-server that does almost nothing in between::
+``(write)`` is the server's write call alone (inside ``wire``).
+
+Conveyor's broker is the real one, run by this script with three of its methods wrapped
+(``_Socket.data_received``, ``Connection._on_message`` and
+``_Socket.write_text_frames``: a clock read and an append each); ``py-beanstalkd``
+(``bench/py_beanstalkd.py``, beanstalkd's protocol in a few dozen lines of Python, with
+beanstalkd's own clients) notes the same times, for a server that does almost nothing in
+between::
 
     .venv/bin/python bench/latency_hops.py [--systems conveyor-memory-sdk,py-beanstalkd]
         [--runs 3] [--sdk-loop auto|uvloop|asyncio]
@@ -59,34 +68,45 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
     import broker.server as server
 
     reads: list[tuple[float, bytes]] = []
+    starts: list[tuple[float, list[bytes]]] = []
     writes: list[tuple[float, list[bytes]]] = []
     clock = time.monotonic
+    read_at = [0.0]  # when the read being handled began
+    received = server._Socket.data_received
     on_message = server.Connection._on_message
     write_frames = server._Socket.write_text_frames
 
+    def stamped_received(self: Any, data: bytes) -> None:
+        read_at[0] = clock()
+        received(self, data)
+
     def stamped_on_message(self: Any, message: str | bytes) -> None:
-        at = clock()
         data = message.encode() if isinstance(message, str) else bytes(message)
         if b'"enqueue' in data:
-            reads.append((at, data))
+            reads.append((read_at[0], data))
         on_message(self, message)
 
     def stamped_write(self: Any, outbox: Any, limit: int) -> None:
+        start = clock()
         queued = list(outbox)
         write_frames(self, outbox, limit)
+        end = clock()
         taken = queued[: len(queued) - len(outbox)]  # what this write took
         pushes = [bytes(frame) for frame in taken if b'"push":"jobs"' in frame]
         if pushes:
-            writes.append((clock(), pushes))
+            starts.append((start, pushes))
+            writes.append((end, pushes))
 
     def dump() -> None:
         with open(stamps_path, "wb") as out:
-            for kind, entries in ((b"R", [(at, [data]) for at, data in reads]), (b"W", writes)):
+            read_entries = [(at, [data]) for at, data in reads]
+            for kind, entries in ((b"R", read_entries), (b"S", starts), (b"W", writes)):
                 for at, frames in entries:
                     for frame in frames:
                         for seq, sent in _SENT.findall(frame):
                             out.write(b"%s %s %s %r\n" % (kind, seq, sent, at))
 
+    server._Socket.data_received = stamped_received  # type: ignore[method-assign]
     server.Connection._on_message = stamped_on_message  # type: ignore[method-assign]
     server._Socket.write_text_frames = stamped_write  # type: ignore[method-assign]
     atexit.register(dump)
@@ -164,41 +184,55 @@ class StampedPyBeanstalk(Stamped):
         return self._target
 
 
-def read_stamps(path: str) -> dict[int, tuple[float, float, float]]:
-    """The broker's stamps: seq -> (sent, request read, push written), for every job
-    whose both stamps are there."""
-    reads: dict[int, tuple[float, float]] = {}
-    writes: dict[int, float] = {}
-    with open(path, "rb") as stamps:
-        for line in stamps:
+def read_stamps(path: str) -> dict[int, tuple[float, float, float, float]]:
+    """The server's stamps: seq -> (sent, request read, push write started, push write
+    ended), for every job with all of them."""
+    stamps: dict[bytes, dict[int, float]] = {b"R": {}, b"S": {}, b"W": {}}
+    sent_of: dict[int, float] = {}
+    with open(path, "rb") as lines:
+        for line in lines:
             kind, seq, sent, at = line.split()
-            if kind == b"R":
-                reads[int(seq)] = (float(sent), float(at))
-            else:
-                writes[int(seq)] = float(at)
-    return {seq: (*reads[seq], wrote) for seq, wrote in writes.items() if seq in reads}
+            stamps[kind][int(seq)] = float(at)
+            sent_of[int(seq)] = float(sent)
+    read, start, wrote = stamps[b"R"], stamps[b"S"], stamps[b"W"]
+    return {
+        seq: (sent_of[seq], read[seq], start[seq], at)
+        for seq, at in wrote.items()
+        if seq in read and seq in start
+    }
 
 
 def quantile(values: list[float], q: float) -> float:
     return compare.quantile(sorted(values), q)
 
 
+HOPS = ("publisher", "server", "wire", "worker")
+
+
 def measure(system: Stamped) -> list[tuple[float, ...]]:
-    """One round: (total, publisher, broker, worker) seconds for every job."""
+    """One round: for every job, (total, publisher, server, wire, worker, write) seconds:
+    the four hops, which add up to the total, and the server's write call alone."""
     target = system.start()
+    os.environ["BENCH_READ_STAMPS"] = "1"  # the workers note their reads (compare.Tally)
     try:
         _, tallies = compare.run_workers(system, target, 2, JOBS, 120, publish_rate=RATE)
         stamps = read_stamps(system.finish())
     finally:
+        del os.environ["BENCH_READ_STAMPS"]
         system.stop()
     rows = []
     for tally in tallies:
+        worker_reads = tally["reads"]
         for seq, latency in zip(tally["seqs"], tally["lat"], strict=True):
-            if seq in stamps:
-                sent, read, wrote = stamps[seq]
-                rows.append((latency, read - sent, wrote - read, sent + latency - wrote))
+            if seq in stamps and seq in worker_reads:
+                sent, read, start, wrote = stamps[seq]
+                handler = sent + latency
+                got = worker_reads[seq]
+                rows.append(
+                    (latency, read - sent, start - read, got - start, handler - got, wrote - start)
+                )
     if len(rows) < JOBS * 0.99:
-        raise compare.Failed(f"only {len(rows):,} of {JOBS:,} jobs have both stamps")
+        raise compare.Failed(f"only {len(rows):,} of {JOBS:,} jobs have every stamp")
     return rows
 
 
@@ -209,7 +243,7 @@ def report(name: str, rows: list[tuple[float, ...]]) -> None:
     total = [r[0] for r in rows]
     print(f"{name:<20} jobs {len(rows):,}  total p50 {quantile(total, 0.5) * ms:.3f}  "
           f"p99 {quantile(total, 0.99) * ms:.3f} ms")  # fmt: skip
-    for index, hop in ((1, "publisher"), (2, "broker"), (3, "worker")):
+    for index, hop in enumerate((*HOPS, "(write)"), start=1):
         values = [r[index] for r in rows]
         worst = sum(r[index] for r in slowest) / len(slowest)
         print(f"    {hop:<10} p50 {quantile(values, 0.5) * ms:.3f}  p90 "

@@ -14,8 +14,9 @@ could rely on.
 
     python bench/py_beanstalkd.py PORT [STAMPS]   # serve on 127.0.0.1:PORT until killed
 
-With ``STAMPS``, it notes when it read each ``put`` and when it wrote each job to a
-worker, and writes those times to that file when it stops (``bench/latency_hops.py``
+With ``STAMPS``, it notes when it read each ``put`` (the start of the read that carried
+it) and when it started and ended the write of each job to a worker, and writes those
+times to that file when it stops (``bench/latency_hops.py``
 splits each job's latency with them).
 """
 
@@ -31,7 +32,8 @@ import time
 from typing import Any
 
 HOST = "127.0.0.1"
-# With STAMPS: (monotonic time, "R" for a put read or "W" for a job written, its body).
+# With STAMPS: (monotonic time, "R" for a put read, "S" or "W" for the start or end of a
+# job's write, its body).
 STAMPS: list[tuple[float, str, bytes]] | None = None
 
 
@@ -67,6 +69,7 @@ class Conn(asyncio.Protocol):
         self._stop_waiting()
 
     def data_received(self, data: bytes) -> None:
+        read_at = time.monotonic() if STAMPS is not None else 0.0
         buf = self.buf
         buf += data
         out: list[bytes] = []
@@ -82,7 +85,7 @@ class Conn(asyncio.Protocol):
                 body = bytes(buf[end + 2 : end + 2 + size])
                 del buf[: end + 2 + size + 2]
                 if STAMPS is not None:
-                    STAMPS.append((time.monotonic(), "R", body))
+                    STAMPS.append((read_at, "R", body))
                 out.append(self.put(body))
                 continue
             del buf[: end + 2]
@@ -151,7 +154,9 @@ class Conn(asyncio.Protocol):
                 tube.reserved += 1
                 self.server.owner[job] = (name, self)
                 if STAMPS is not None:  # (written with this command's other replies)
-                    STAMPS.append((time.monotonic(), "W", body))
+                    now = time.monotonic()
+                    STAMPS.append((now, "S", body))
+                    STAMPS.append((now, "W", body))
                 return b"RESERVED %d %d\r\n%s\r\n" % (job, len(body), body)
         if timeout <= 0:
             return b"TIMED_OUT\r\n"
@@ -165,6 +170,8 @@ class Conn(asyncio.Protocol):
         self._stop_waiting()
         tube.reserved += 1
         self.server.owner[job] = (name, self)
+        if STAMPS is not None:
+            STAMPS.append((time.monotonic(), "S", body))
         self.transport.write(b"RESERVED %d %d\r\n%s\r\n" % (job, len(body), body))
         if STAMPS is not None:
             STAMPS.append((time.monotonic(), "W", body))
@@ -212,7 +219,7 @@ def main() -> None:
 
 
 def write_stamps(path: str, stamps: list[tuple[float, str, bytes]]) -> None:
-    """One line per stamp: ``R|W <seq> <sent> <time>`` (the seq and sent of the harness's
+    """One line per stamp: ``R|S|W <seq> <sent> <time>`` (the seq and sent of the harness's
     job bodies, the format ``bench/latency_hops.py`` reads)."""
     found = re.compile(rb'"seq":(\d+),"sent":([0-9.eE+-]+)')
     with open(path, "wb") as out:
