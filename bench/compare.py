@@ -684,8 +684,9 @@ class Tally:
         self.lat: list[float] = []
         self.last_ack = 0.0
         # With BENCH_READ_STAMPS set (bench/latency_hops.py): when the worker's client
-        # library handed each read's bytes to Python, as (time, bytes) for the SDK's
-        # socket, and per job seq for greenstalk's (one reserved job at a time).
+        # library handed each read's bytes to Python, as (time, bytes) for a WebSocket
+        # (the SDK's, the raw worker's), and per job seq for greenstalk's (one reserved
+        # job at a time).
         self.stamp_reads = bool(os.environ.get("BENCH_READ_STAMPS"))
         self.raw_reads: list[tuple[float, bytes]] = []
         self.reads: dict[int, float] = {}
@@ -714,20 +715,17 @@ class Tally:
 _SEQ_IN_FRAME = re.compile(rb'"seq":(\d+)')
 
 
-def stamp_sdk_reads(tally: Tally) -> None:
-    """Note, in ``tally.raw_reads``, the time and bytes of every read of the SDK's
-    sockets in this process, as the event loop hands them over (one clock read and an
-    append each; the seqs are found after the round)."""
-    from sdk._socket import DirectReader
-
-    received = DirectReader.data_received
+def noting_reads(received: Callable[..., None], tally: Tally) -> Callable[..., None]:
+    """``received``, a ``data_received`` (bound, or a class's), that first notes the
+    time and bytes of each read in ``tally.raw_reads`` (a clock read and an append; the
+    seqs are found after the round)."""
     clock, append = time.monotonic, tally.raw_reads.append
 
-    def data_received(self: Any, data: bytes) -> None:
-        append((clock(), data))
-        received(self, data)
+    def data_received(*args: Any) -> None:
+        append((clock(), args[-1]))
+        received(*args)
 
-    DirectReader.data_received = data_received  # type: ignore[method-assign]
+    return data_received
 
 
 class _StampedReader:
@@ -767,13 +765,7 @@ class ConveyorWorker:
                      "prefetch": PREFETCH}  # fmt: skip
         await self.ws.send(orjson.dumps(subscribe), text=True)
         if tally.stamp_reads:
-            received, clock, append = self.ws.data_received, time.monotonic, tally.raw_reads.append
-
-            def data_received(data: bytes) -> None:
-                append((clock(), data))
-                received(data)
-
-            self.ws.data_received = data_received  # type: ignore[method-assign]
+            self.ws.data_received = noting_reads(self.ws.data_received, tally)  # type: ignore[method-assign]
         rid = 0
         async for raw in self.ws:
             frame = orjson.loads(raw)
@@ -815,8 +807,10 @@ class ConveyorSdkWorker:
     async def run(self, tally: Tally) -> None:
         from sdk import Job
 
-        if tally.stamp_reads:
-            stamp_sdk_reads(tally)
+        if tally.stamp_reads:  # every SDK socket of this process: the class's method
+            from sdk._socket import DirectReader
+
+            DirectReader.data_received = noting_reads(DirectReader.data_received, tally)  # type: ignore[method-assign]
 
         @self.worker.handler(QUEUE)
         async def handle(job: Job) -> None:
