@@ -30,7 +30,6 @@ Exceptions::
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +51,8 @@ __all__ = [
     "CLOSE_TRY_AGAIN_LATER",
     "DEFAULT_PREFETCH",
     "HEALTHZ_PATH",
+    "INT_MAX",
+    "INT_MIN",
     "JOB_INFO_FIELDS",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
@@ -106,6 +107,11 @@ METRICS_PATH: Final = "/metrics"
 
 #: A string ``rid`` may hold at most this many characters (code points).
 MAX_RID_CHARS: Final = 64
+#: Every integer of a request (an integer ``rid`` and each field typed *integer*) lies in
+#: the signed 64-bit range, so no value a peer sends overflows a store's integer column
+#: or the reply's encoder. Fields narrow it further (``priority``, ``max_attempts``).
+INT_MIN: Final = -(2**63)
+INT_MAX: Final = 2**63 - 1
 #: Arrays and objects may nest at most this deep in a payload. It is orjson's encoding limit
 #: and the engine's ``MAX_PAYLOAD_DEPTH``, so any payload the broker stores can be re-encoded.
 MAX_PAYLOAD_DEPTH: Final = 254
@@ -355,50 +361,28 @@ def decode(data: str | bytes) -> dict[str, Any]:
     UTF-8 decoding; orjson checks the encoding itself). A *binary* frame must not get here:
     answer it with :func:`binary_frame_error`.
 
-    Strict JSON only: no NaN or infinities, no byte order mark, nothing after the value,
-    nesting at most 1024 deep. A duplicated key keeps its last value. An integer within the
-    64-bit ranges decodes as ``int``; a larger one decodes as ``float``.
+    One decoder and one set of rules (docs/protocol.md §2): what orjson refuses is
+    ``bad_json``. That is strict JSON and more: no NaN or infinities, no byte order mark,
+    nothing after the value, nesting at most 1024 deep, no lone surrogate in a ``\\u``
+    escape, and no number too large for a double (``1e400``). A duplicated key keeps its
+    last value. An integer within the 64-bit ranges decodes as ``int``; a larger one
+    decodes as ``float`` (and is then refused by any field that wants an integer).
 
-    Raises ``WireError``: ``bad_json`` when ``data`` is not one JSON value in UTF-8,
+    Raises ``WireError``: ``bad_json`` when ``data`` is not such a JSON value in UTF-8,
     ``bad_frame`` when it is one but not an object. Nothing else escapes.
 
     The payload comes back as a Python value, which is cheap (orjson builds it in C) and
-    lets the broker check and re-encode it in one pass (:func:`encode_payload`). orjson has
-    no lazy or raw-span decoding; if profiling shows the payload's decode/re-encode
-    matters, the broker can keep it as bytes by locating the ``"payload"`` member's span
-    with a small scanner before decoding the rest, or a later protocol version can add a
-    ``payload_json`` string field; the engine already accepts ``RawJSON`` bytes and pushes
-    already splice stored bytes via :func:`raw_json`.
+    lets the broker check and re-encode it in one pass (:func:`encode_payload`).
     """
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        obj = _decode_huge_numbers(data, exc)
+        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise WireError(
             ErrorCode.BAD_FRAME, f"a frame must be a JSON object, got {_json_type(obj)}"
         )
     return obj
-
-
-def _decode_huge_numbers(data: str | bytes, exc: orjson.JSONDecodeError) -> Any:
-    """Valid JSON holding a number too large for a double (``1e400``), which orjson refuses.
-
-    JSON allows such numbers, so the frame is read (by the standard library, which makes
-    them infinities) and the field that holds one is refused by its own check ("must be
-    finite", "must be strict JSON"), naming the field. Anything else orjson refused is
-    ``bad_json``, and so are the non-standard ``NaN`` and ``Infinity`` literals.
-    """
-    if "number is infinity" not in str(exc):
-        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
-
-    def refuse(literal: str) -> Any:
-        raise ValueError(f"{literal} is not JSON")
-
-    try:
-        return json.loads(data, parse_constant=refuse)
-    except (ValueError, RecursionError):
-        raise WireError(ErrorCode.BAD_JSON, f"invalid JSON: {exc}") from None
 
 
 def decode_value(data: str | bytes) -> Any:
@@ -692,6 +676,10 @@ def parse_envelope(frame: Mapping[str, Any]) -> tuple[OpSpec, Rid]:
                 f"rid: expected an integer or a string, got {_json_type(rid)}",
                 "rid",
             )
+        elif not INT_MIN <= rid <= INT_MAX:
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT, f"rid: {_RANGE_PROBLEM}, got {_big(rid)}", "rid"
+            )
     op = frame.get("op")
     if not isinstance(op, str):
         problem = "is missing" if op is None else f"expected a string, got {_json_type(op)}"
@@ -763,7 +751,7 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
             if type(value) is not str or (f.nonempty and not value):
                 raise _Explain
         elif kind is _INTEGER:
-            if type(value) is not int:
+            if type(value) is not int or not INT_MIN <= value <= INT_MAX:
                 raise _Explain
         elif kind is _NUMBER:
             if type(value) is not float and type(value) is not int:
@@ -840,6 +828,10 @@ def _check_value(f: Field, value: Any, path: str, max_batch: int | None) -> Any:
     if kind is Kind.INTEGER:
         if not isinstance(value, int) or isinstance(value, bool):
             raise _wrong_type(path, "an integer", value)
+        if not INT_MIN <= value <= INT_MAX:
+            raise WireError(
+                ErrorCode.INVALID_ARGUMENT, f"{path}: {_RANGE_PROBLEM}, got {_big(value)}", path
+            )
         return value
     if kind is Kind.NUMBER:
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -901,6 +893,15 @@ def check_entry(f: Field, item: Any, index: int) -> dict[str, Any]:
             pass
     _check_entry(f, item, f"{f.name}[{index}]", None)
     raise AssertionError("the fast check refused an entry the full check accepts")
+
+
+_RANGE_PROBLEM = "must be an integer in [-2^63, 2^63 - 1]"
+
+
+def _big(value: int) -> str:
+    """An out-of-range integer, short enough to echo back."""
+    text = str(value)
+    return text if len(text) <= 24 else f"an integer of {len(text)} digits"
 
 
 def _wrong_type(path: str, expected: str, value: Any) -> WireError:

@@ -284,7 +284,7 @@ def test_encode_payload_depth() -> None:
 # --------------------------------------------------------------------------- the envelope
 
 
-@pytest.mark.parametrize("rid", [0, -5, 2**63, "", "abc", "x" * 64])
+@pytest.mark.parametrize("rid", [0, -5, 2**63 - 1, -(2**63), "", "abc", "x" * 64])
 def test_rid_accepted_and_returned(rid: int | str) -> None:
     assert validate_request({"op": "ping", "rid": rid}) == (Op.PING, rid, {})
 
@@ -294,7 +294,7 @@ def test_rid_absent_or_null_is_fire_and_forget() -> None:
     assert validate_request({"op": "ping", "rid": None})[1] is None
 
 
-@pytest.mark.parametrize("rid", [True, 1.5, 1.0, [], {}, "x" * 65])
+@pytest.mark.parametrize("rid", [True, 1.5, 1.0, [], {}, "x" * 65, 2**63, -(2**63) - 1, 10**400])
 def test_bad_rid(rid: Any) -> None:
     err = raises(ErrorCode.INVALID_ARGUMENT, validate_request, {"op": "ping", "rid": rid})
     assert err.field == "rid" and err.rid is None
@@ -736,12 +736,42 @@ def test_doc_lists_codes_pushes_and_members() -> None:
     assert "ws://HOST:PORT/ws" in text
 
 
-def test_decode_reads_a_number_too_large_for_a_double_as_infinite() -> None:
-    # Valid JSON, so not bad_json: the field that holds it is refused by its own check.
-    assert decode('{"a": 1e999, "b": [-1e400]}') == {"a": math.inf, "b": [-math.inf]}
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": 1e999}',  # too large for a double
+        '{"b": [-1e400]}',
+        '{"rid": 1e400, "rid": 1}',  # even where a later duplicate would replace it
+        '{"a": 1, "b": NaN}',
+        '{"k": "\\ud800"}',  # a lone surrogate, as an escape
+        '{"k": "\\udc00x"}',
+        '{"a": 1' + "0" * 400 + "}",  # an integer of hundreds of digits
+    ],
+)
+def test_decode_refuses_what_orjson_refuses_as_bad_json(text: str) -> None:
+    # One decoder, one set of rules: nothing falls back to a laxer parser that would let
+    # lone surrogates or huge integers through to the stores and the feed.
     with pytest.raises(WireError) as caught:
-        decode('{"a": 1e999, "b": NaN}')
+        decode(text)
     assert caught.value.code == "bad_json"
+
+
+def test_decode_keeps_64_bit_integers_and_a_valid_surrogate_pair() -> None:
+    assert decode('{"a": 18446744073709551615, "b": "\\ud83d\\ude00"}') == {
+        "a": 2**64 - 1,
+        "b": "\U0001f600",
+    }
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64 - 1])
+def test_an_integer_field_outside_64_bits_is_refused_naming_it(value: int) -> None:
+    err = raises(
+        ErrorCode.INVALID_ARGUMENT,
+        validate_request,
+        {"op": "enqueue", "rid": 1, "queue": "q", "payload": 1, "max_attempts": value},
+    )
+    assert err.field == "max_attempts" and err.rid == 1
+    assert "2^63" in err.message
 
 
 def test_an_encoded_payload_holds_only_its_own_bytes() -> None:

@@ -15,7 +15,10 @@ from ._errors import InvalidArgument, PayloadTooLarge
 from ._types import QueueOpts, RawJSON
 
 __all__ = [
+    "MAX_ATTEMPTS_MAX",
+    "MAX_ERROR_CHARS",
     "MAX_KEY_LEN",
+    "MAX_WORKER_ID_LEN",
     "MAX_PAYLOAD_DEPTH",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
@@ -35,7 +38,14 @@ __all__ = [
 
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
+# Every integer the table stores fits a signed 32- or 64-bit column, whatever a caller
+# passes: a value no store can hold must be refused here, not fail a commit later.
+MAX_ATTEMPTS_MAX = 2**31 - 1
 MAX_KEY_LEN = 1024
+MAX_WORKER_ID_LEN = 256
+# A longer error string is cut to this many characters (and marked so): an error is
+# kept with its job and shown on the dashboard, a traceback of any length is not refused.
+MAX_ERROR_CHARS = 4096
 # orjson, which decodes every frame, refuses deeper nesting than this, so deeper
 # payloads could not travel anyway; refusing them here keeps the walk bounded.
 MAX_PAYLOAD_DEPTH = 254
@@ -77,12 +87,14 @@ def positive(field: str, value: object) -> float:
     return number
 
 
-def positive_int(field: str, value: object) -> int:
-    """An int >= 1 (never a bool, never a float)."""
+def positive_int(field: str, value: object, limit: int = MAX_ATTEMPTS_MAX) -> int:
+    """An int in ``[1, limit]`` (never a bool, never a float)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be an int, got {type(value).__name__}")
     if value < 1:
-        raise InvalidArgument(field, f"must be >= 1, got {value}")
+        raise InvalidArgument(field, f"must be >= 1, got {_describe(value)}")
+    if value > limit:
+        raise InvalidArgument(field, f"must be at most {limit}, got {_describe(value)}")
     return value
 
 
@@ -114,31 +126,52 @@ def queue_name(value: object) -> str:
     return value
 
 
-def worker_id(value: object) -> str:
-    """A non-empty string."""
-    if not isinstance(value, str) or not value:
-        raise InvalidArgument("worker_id", f"must be a non-empty string, got {_describe(value)}")
+def _unicode(field: str, value: str) -> str:
+    """``value`` if it is valid Unicode text: no lone surrogate, which no store (and no
+    JSON encoder) can write. Frames cannot carry one (the decoder refuses them); this is
+    for callers of the table itself."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(field, "holds a lone surrogate, not valid Unicode") from None
     return value
 
 
+def worker_id(value: object) -> str:
+    """A string of 1 to ``MAX_WORKER_ID_LEN`` characters."""
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument("worker_id", f"must be a non-empty string, got {_describe(value)}")
+    if len(value) > MAX_WORKER_ID_LEN:
+        raise InvalidArgument(
+            "worker_id", f"must be at most {MAX_WORKER_ID_LEN} characters, got {len(value)}"
+        )
+    return _unicode("worker_id", value)
+
+
 def key(value: object) -> str | None:
-    """``None``, or a string of 1 to ``MAX_KEY_LEN`` characters."""
+    """``None``, or a string of at most ``MAX_KEY_LEN`` characters; ``""`` means no key."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidArgument("key", f"must be a string or null, got {type(value).__name__}")
-    if not 1 <= len(value) <= MAX_KEY_LEN:
-        raise InvalidArgument("key", f"must be 1 to {MAX_KEY_LEN} characters, got {len(value)}")
-    return value
+    if len(value) > MAX_KEY_LEN:
+        raise InvalidArgument(
+            "key", f"must be at most {MAX_KEY_LEN} characters, got {len(value)}"
+        )
+    return _unicode("key", value) if value else None
 
 
 def error_text(field: str, value: object) -> str | None:
-    """An error string; ``None`` and ``""`` both mean "no error given"."""
+    """An error string; ``None`` and ``""`` both mean "no error given". A string over
+    ``MAX_ERROR_CHARS`` characters is cut to that length, its end marked with "..."."""
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidArgument(field, f"must be a string or null, got {type(value).__name__}")
-    return value or None
+    if len(value) > MAX_ERROR_CHARS:
+        value = value[: MAX_ERROR_CHARS - 3] + "..."
+    return _unicode(field, value) if value else None
 
 
 def check_opts(opts: object) -> QueueOpts:

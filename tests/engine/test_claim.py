@@ -143,7 +143,7 @@ def test_claim_batch_returns_at_most_n(table: JobTable) -> None:
     assert q.claim_one("w") is None
 
 
-@pytest.mark.parametrize("worker_id", ["", None, 5, b"w"])
+@pytest.mark.parametrize("worker_id", ["", None, 5, b"w", "w" * 257, "\ud800"])
 def test_worker_id_checked_before_n(table: JobTable, worker_id: object) -> None:
     q = table.queue("q")
     q.enqueue(1)
@@ -388,3 +388,10 @@ def test_claim_snapshot_is_unaffected_by_later_changes(table: JobTable, clock: M
     assert snap.deadline == START + 10
     with pytest.raises(dataclasses.FrozenInstanceError):
         h.job.attempts = 99  # type: ignore[misc]
+
+
+def test_a_worker_id_of_256_characters_is_accepted(table: JobTable) -> None:
+    q = table.queue("q")
+    q.enqueue(1)
+    h = q.claim_one("w" * 256)
+    assert h is not None and h.job.worker_id == "w" * 256

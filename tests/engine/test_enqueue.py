@@ -235,8 +235,13 @@ BAD_ENQUEUE_ARGS = [
     ("backoff_base_s", -0.5),
     ("backoff_base_s", True),
     ("backoff_base_s", "5"),
+    ("max_attempts", 2**31),
+    ("max_attempts", 2**63),  # would overflow a store's integer column
     ("key", 5),
     ("key", b"k"),
+    ("key", "k" * 1025),
+    ("key", "\ud800"),  # a lone surrogate: no store or encoder can write it
+    ("key", "ok\udfff"),
 ]
 
 
@@ -263,6 +268,7 @@ def test_enqueue_guard_rejects_and_names_the_field(table: JobTable, field: str, 
         ("expires_s", 1e-9),
         ("visibility_timeout_s", 1),
         ("max_attempts", 1),
+        ("max_attempts", 2**31 - 1),
         ("backoff_base_s", 0),
     ],
 )
@@ -660,3 +666,18 @@ def test_ids_are_unique_strings(table: JobTable) -> None:
     ids = [q.enqueue(i) for i in range(50)]
     assert all(isinstance(i, str) for i in ids)
     assert len(set(ids)) == 50
+
+
+def test_an_empty_key_means_no_key(table: JobTable) -> None:
+    q = table.queue("q")
+    first, second = q.enqueue(1, key=""), q.enqueue(2, key="")
+    assert first != second
+    job = q.get_job(first)
+    assert job is not None and job.key is None
+
+
+def test_a_key_of_1024_characters_and_one_outside_ascii_are_kept(table: JobTable) -> None:
+    q = table.queue("q")
+    for key in ("k" * 1024, "clé-ü-\U0001f600"):
+        job = q.get_job(q.enqueue(1, key=key))
+        assert job is not None and job.key == key

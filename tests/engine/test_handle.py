@@ -499,3 +499,19 @@ def test_take_changes_sends_a_stored_row_only_its_changing_fields(clock: ManualC
     }
     assert h.ack()
     assert table.take_changes().deleted == [2]
+
+
+def test_a_long_error_is_kept_cut_to_its_limit(table: JobTable) -> None:
+    # A traceback of any length is kept, not refused; only its first 4,096 characters.
+    h = claimed(table)
+    assert h.fail("x" * 100_000) is True
+    error = snapshot(table, h.id).last_error
+    assert error is not None and len(error) == 4096 and error.endswith("...")
+
+
+def test_an_error_with_a_lone_surrogate_is_refused_and_nothing_changes(table: JobTable) -> None:
+    h = claimed(table)
+    with pytest.raises(InvalidArgument) as info:
+        h.retry("bad \udc80 text")
+    assert info.value.field == "error"
+    assert snapshot(table, h.id).state == JobState.PROCESSING

@@ -169,17 +169,32 @@ BAD_INPUT: dict[str, tuple[str | bytes, str, str | None, Any]] = {
         "delay_s",
         1,
     ),
-    # 1e400 is valid JSON (RFC 8259 has no range) but not a finite number.
+    # One decoder, one set of rules: what orjson refuses is bad_json, never a
+    # second, laxer parse.
     "1e400 delay": (
         '{"op": "enqueue", "rid": 1, "queue": "q", "payload": 1, "delay_s": 1e400}',
-        "invalid_argument",
-        "delay_s",
-        1,
+        "bad_json",
+        None,
+        None,
     ),
     "1e400 in a payload": (
         '{"op": "enqueue", "rid": 1, "queue": "q", "payload": [1e400]}',
+        "bad_json",
+        None,
+        None,
+    ),
+    "lone surrogate in a key": (
+        '{"op": "enqueue", "rid": 1, "queue": "q", "payload": 1, "key": "\\ud800"}',
+        "bad_json",
+        None,
+        None,
+    ),
+    "400-digit rid": ('{"op": "ping", "rid": ' + "9" * 400 + "}", "bad_json", None, None),
+    "max_attempts 2**63": (enqueue(max_attempts=2**63), "invalid_argument", "max_attempts", 1),
+    "max_attempts over 2**31-1": (
+        enqueue(max_attempts=2**31),
         "invalid_argument",
-        "payload",
+        "max_attempts",
         1,
     ),
     "payload nested too deep": (
