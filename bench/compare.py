@@ -292,7 +292,9 @@ def start_conveyor(store: str, sync: str, tmp: Path, *extra: str) -> tuple[Any, 
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "serve", "--host", HOST, "--port", "0",
          "--store", store, "--db", str(tmp / "bench.db"), "--sync", sync,
-         "--log-level", "warning", *extra],
+         "--log-level", "warning",
+         # Every bench client connects from loopback: lift the per-address limit.
+         "--max-connections-per-address", "50000", "--max-connections", "50000", *extra],
         cwd=conveyor_root(), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
         stderr=open(tmp / "broker.log", "wb"),  # the child keeps it; closed at its exit
     )  # fmt: skip

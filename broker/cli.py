@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import ipaddress
 import logging
 import resource
 import sys
@@ -19,6 +18,7 @@ from sdk._cli import add_client_commands
 from sdk._loop import UVLOOP_MISSING, loop_factory
 
 from . import __version__
+from .admission import is_loopback
 from .config import ConfigError, add_serve_arguments, config_from_args
 from .server import Broker, serve_until_signalled
 from .store import StoreError
@@ -26,15 +26,6 @@ from .store import StoreError
 __all__ = ["main"]
 
 log = logging.getLogger("conveyor")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _raise_fd_limit() -> None:
@@ -61,7 +52,7 @@ def _serve(args: argparse.Namespace) -> int:
     _raise_fd_limit()
     # websockets logs its own view of peer faults; ours are enough.
     logging.getLogger("websockets").setLevel(logging.CRITICAL)
-    if not config.tokens and not _is_loopback(config.host):
+    if not config.tokens and not is_loopback(config.host):
         log.warning(
             "!!! conveyor is bound to %s with NO TOKENS: anyone who can reach this port "
             "may enqueue, take and delete jobs. Set --admin-token/--publish-token/"

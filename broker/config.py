@@ -45,6 +45,8 @@ class Config:
     sync: str = "full"
     tokens: Mapping[str, frozenset[Role]] = field(default_factory=dict)
     origins: Sequence[str] = ()
+    # Host names served besides IP literals and loopback names (broker/admission.py).
+    allowed_hosts: Sequence[str] = ()
     tls_cert: str | None = None
     tls_key: str | None = None
     ping_interval_s: float = 20.0
@@ -59,11 +61,16 @@ class Config:
     max_prefetch: int = 1000
     max_batch: int = 1000
     max_connections_per_token: int = 10_000
+    max_connections: int = 20_000
+    max_connections_per_address: int = 1000
     handshake_timeout_s: float = 10.0
     # Bad frames in a row after which a connection is closed with 1008.
     max_bad_frames: int = 10
     # Frames a connection may have waiting to be written before it is dropped as too slow.
     max_outbox_frames: int = 4096
+    # Bytes a connection may have waiting to be written before its reading pauses and
+    # the dispatcher pushes it nothing more, until the socket has taken them.
+    max_unsent_bytes: int = 1 << 20
 
     @property
     def secure(self) -> bool:
@@ -114,6 +121,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             f"(CONVEYOR_{role.upper()}_TOKENS, comma-separated)",
         )
     add("--origin", action="append", help="another allowed browser Origin (CONVEYOR_ORIGINS)")
+    add(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name clients may use in the Host header besides IP addresses and "
+        "localhost; '.example.com' allows a domain, '*' any name; repeatable "
+        "(CONVEYOR_ALLOWED_HOSTS, comma-separated)",
+    )
+    add("--max-connections", type=int, help="open connections at most, in all (20000)")
+    add(
+        "--max-connections-per-address",
+        type=int,
+        help="open connections at most from one client address (1000)",
+    )
     add("--tls-cert", help="TLS certificate chain, PEM (CONVEYOR_TLS_CERT)")
     add("--tls-key", help="TLS private key, PEM (CONVEYOR_TLS_KEY)")
     add("--ping-interval", type=float, help="seconds between keepalive pings (20)")
@@ -165,6 +186,10 @@ def config_from_args(args: argparse.Namespace) -> Config:
     env_origins = _env("ORIGINS")
     if env_origins:
         origins += [o.strip() for o in env_origins.split(",") if o.strip()]
+    allowed_hosts = list(args.allowed_host or [])
+    env_hosts = _env("ALLOWED_HOSTS")
+    if env_hosts:
+        allowed_hosts += [h.strip() for h in env_hosts.split(",") if h.strip()]
     queues_file = _pick(args.queues, "QUEUES", str, None)
     config = Config(
         host=_pick(args.host, "HOST", str, "127.0.0.1"),
@@ -174,6 +199,11 @@ def config_from_args(args: argparse.Namespace) -> Config:
         sync=_pick(args.sync, "SYNC", str, "full"),
         tokens=_tokens(args),
         origins=tuple(origins),
+        allowed_hosts=tuple(allowed_hosts),
+        max_connections=_pick(args.max_connections, "MAX_CONNECTIONS", int, 20_000),
+        max_connections_per_address=_pick(
+            args.max_connections_per_address, "MAX_CONNECTIONS_PER_ADDRESS", int, 1000
+        ),
         tls_cert=_pick(args.tls_cert, "TLS_CERT", str, None),
         tls_key=_pick(args.tls_key, "TLS_KEY", str, None),
         ping_interval_s=_pick(args.ping_interval, "PING_INTERVAL", float, 20.0),
@@ -212,6 +242,9 @@ def check(config: Config) -> None:
         raise ConfigError(
             f"max_prefetch: must be at least 16 (the default prefetch), got {config.max_prefetch}"
         )
+    for name in ("max_connections", "max_connections_per_address"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"{name}: must be at least 1, got {getattr(config, name)}")
     loop = loop_problem(config.loop)
     if loop is not None:
         raise ConfigError(loop)

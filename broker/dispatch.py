@@ -53,6 +53,7 @@ class Subscription:
     """One worker connection's subscription: its queues, its window, its leases."""
 
     __slots__ = (
+        "congested",
         "flush",
         "in_flight",
         "owner",
@@ -84,6 +85,8 @@ class Subscription:
         # Writes what send queued now, rather than at the loop's next turn; never blocks.
         self.flush = flush
         self.in_flight: dict[str, str] = {}  # lease -> job id
+        # Its connection has too many bytes unsent: it gets nothing until they are out.
+        self.congested = False
 
     @property
     def free(self) -> int:
@@ -289,8 +292,20 @@ class Dispatcher:
 
     # -- the pass -------------------------------------------------------------------------
 
+    def congested(self, sub: Subscription, congested: bool) -> None:
+        """``sub``'s connection has too many bytes unsent (``True``): push nothing more to
+        it; or it has written them (``False``): fill its free slots again."""
+        sub.congested = congested
+        if sub not in self.subscriptions:
+            return  # not subscribed (yet, or any more)
+        if congested:
+            self._hungry.pop(sub, None)
+            self._file(sub)
+        else:
+            self._set_hungry(sub)
+
     def _set_hungry(self, sub: Subscription) -> None:
-        if sub.free > 0:
+        if sub.free > 0 and not sub.congested:
             self._hungry[sub] = None
             self.kick()
 
@@ -315,7 +330,7 @@ class Dispatcher:
         hungry, self._hungry = self._hungry, {}
         for sub in hungry:
             free = sub.free
-            if free <= 0:
+            if free <= 0 or sub.congested:
                 continue
             for queue in sub.queues:
                 handles = queue.claim_batch(sub.worker_id, free)
@@ -362,7 +377,7 @@ class Dispatcher:
 
     def _file(self, sub: Subscription) -> None:
         """Put ``sub`` at the end of its queues' waiting lines if it has room, else off them."""
-        hungry = sub.free > 0
+        hungry = sub.free > 0 and not sub.congested
         for queue in sub.queues:
             waiting = self._waiting[queue.name]
             waiting.pop(sub, None)

@@ -59,6 +59,10 @@ def _known_queue(conn: Connection, name: str) -> Queue:
     return conn.broker.table.queue(name)
 
 
+# The longest ``client`` name a hello may give.
+MAX_CLIENT_LEN = 256
+
+
 def hello(conn: Connection, f: dict[str, Any]) -> Result:
     if conn.hello_done:
         raise WireError(ErrorCode.CONFLICT, "hello: this connection already said hello")
@@ -68,9 +72,17 @@ def hello(conn: Connection, f: dict[str, Any]) -> Result:
             f"protocol: this broker speaks {sorted(SUPPORTED_PROTOCOLS)}, not {f['protocol']}",
             "protocol",
         )
+    client = f["client"]
+    if client is not None and len(client) > MAX_CLIENT_LEN:
+        # Shown on the dashboard, so copied into every feed: kept short.
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"client: at most {MAX_CLIENT_LEN} characters, got {len(client)}",
+            "client",
+        )
     conn.authenticate(f["token"])  # raises unauthorized / limit_exceeded
     conn.hello_done = True
-    conn.client = f["client"]
+    conn.client = client
     config = conn.broker.config
     return {
         "server": SERVER_NAME,

@@ -52,6 +52,7 @@ from sdk._wire import (
 )
 
 from . import __version__
+from .admission import host_allowed
 from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription, wall_clock
@@ -118,6 +119,7 @@ class Broker:
         self.static = StaticFiles()
         self.connections: set[Connection] = set()
         self.per_token: dict[str, int] = {}
+        self.per_address: dict[str, int] = {}  # open connections by peer IP address
         self.closing: bool = False
         self.server: Server | None = None
         self.url: str = ""
@@ -159,11 +161,24 @@ class Broker:
     def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         """Answer plain HTTP paths, and refuse bad handshakes before they become sockets."""
         path = request.path.split("?", 1)[0]
+        config = self.config
+        for name in _SINGLE_HEADERS:
+            if len(request.headers.get_all(name)) > 1:
+                repeated = f"{name}: the header must not repeat\n".encode()
+                return _response(HTTPStatus.BAD_REQUEST, repeated, "text/plain")
+        if not host_allowed(
+            request.headers.get("Host"), bind_host=config.host, allowed=config.allowed_hosts
+        ):
+            log.info("refused a request for host %r", request.headers.get("Host", "")[:200])
+            return _response(HTTPStatus.FORBIDDEN, b"host not allowed\n", "text/plain")
         if path == HEALTHZ_PATH:
             status = HTTPStatus.SERVICE_UNAVAILABLE if self.closing else HTTPStatus.OK
             body = {"status": "draining" if self.closing else "ok", "version": __version__}
             return _response(status, encode(body), "application/json")
         if path == METRICS_PATH:
+            refused = self._metrics_refusal(request.headers)
+            if refused is not None:
+                return refused
             return _response(HTTPStatus.OK, self.metrics.render(), METRICS_CONTENT_TYPE)
         if path != WS_PATH:
             found = self.static.get(path)
@@ -173,10 +188,13 @@ class Broker:
             return _response(HTTPStatus.OK, content, content_type, static=True)
         if self.closing:
             return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"shutting down\n", "text/plain")
-        if "upgrade" not in request.headers.get("Connection", "").lower():
+        if "upgrade" not in ",".join(request.headers.get_all("Connection")).lower():
             return _response(
                 HTTPStatus.UPGRADE_REQUIRED, b"this endpoint speaks WebSocket\n", "text/plain"
             )
+        crowded = self._connection_refusal(connection)
+        if crowded is not None:
+            return crowded
         origin = request.headers.get("Origin")
         if origin is not None and not self._origin_allowed(origin, request.headers):
             log.info("refused a handshake from origin %r", origin[:200])
@@ -185,6 +203,40 @@ class Broker:
         if token is not None and self.config.tokens and self.config.roles_for(token) is None:
             return _response(HTTPStatus.UNAUTHORIZED, b"unknown token\n", "text/plain")
         return None
+
+    def _metrics_refusal(self, headers: Headers) -> Response | None:
+        """With tokens set, a scrape needs a bearer token with the read role (or admin)."""
+        if not self.config.tokens:
+            return None
+        token = _bearer(headers)
+        roles = self.config.roles_for(token) if token else None
+        if not roles:
+            response = _response(
+                HTTPStatus.UNAUTHORIZED,
+                b"a bearer token with the read role is required\n",
+                "text/plain",
+            )
+            response.headers["WWW-Authenticate"] = 'Bearer realm="conveyor"'
+            return response
+        if Role.READ not in roles and Role.ADMIN not in roles:
+            return _response(
+                HTTPStatus.FORBIDDEN, b"this token lacks the read role\n", "text/plain"
+            )
+        return None
+
+    def _connection_refusal(self, connection: ServerConnection) -> Response | None:
+        """503 once the broker, or this peer's address, holds its most connections."""
+        config = self.config
+        if len(self.connections) >= config.max_connections:
+            reason = f"at most {config.max_connections} connections\n"
+        elif self.per_address.get(_address(connection), 0) >= config.max_connections_per_address:
+            reason = f"at most {config.max_connections_per_address} connections per address\n"
+        else:
+            return None
+        log.info("refused a connection: %s", reason.strip())
+        response = _response(HTTPStatus.SERVICE_UNAVAILABLE, reason.encode(), "text/plain")
+        response.headers["Retry-After"] = "5"
+        return response
 
     def _origin_allowed(self, origin: str, headers: Headers) -> bool:
         if origin in self.config.origins:
@@ -199,11 +251,29 @@ class Broker:
         """The websockets handler: one connection, from open to close."""
         conn = Connection(self, ws)
         self.connections.add(conn)
+        address = _address(ws)
+        self.per_address[address] = self.per_address.get(address, 0) + 1
         try:
             await conn.run()
         finally:
             self.connections.discard(conn)
+            left = self.per_address[address] - 1
+            if left:
+                self.per_address[address] = left
+            else:
+                del self.per_address[address]
             conn.release()
+
+
+# Headers whose meaning is one value: a second copy (a request smuggled past a proxy, or
+# a probe) is refused rather than guessed at.
+_SINGLE_HEADERS = ("Host", "Origin", "Authorization")
+
+
+def _address(ws: ServerConnection) -> str:
+    """The peer's IP address (the per-address limit's key)."""
+    peer = ws.remote_address
+    return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 
 
 def _bad_name(exc: InvalidArgument, field: str) -> WireError:
@@ -261,9 +331,10 @@ class _Socket(DirectReader, ServerConnection):
     def send_data(self) -> None:
         write_joined(self.protocol, self.transport)
 
-    def write_text_frames(self, outbox: deque[bytes], limit: int) -> None:
+    def write_text_frames(self, outbox: deque[bytes], limit: int) -> int:
         """Frame texts from the left of ``outbox`` (about ``limit`` bytes of them, at least
-        one) and write them in one piece. Call only while the connection is open.
+        one) and write them in one piece; return the bytes of text taken. Call only while
+        the connection is open.
 
         The frames are a server's: unfragmented, unmasked (``text_header``). Anything
         websockets itself queued (a pong) is written first, so frames stay in the order
@@ -279,6 +350,7 @@ class _Socket(DirectReader, ServerConnection):
             parts.append(data)
             size += len(data)
         self.transport.write(b"".join(parts))
+        return size
 
 
 class Connection:
@@ -297,7 +369,13 @@ class Connection:
         self._flush_soon = False
         self._early_pushes = False  # see send_early
         self._bad_in_a_row = 0
+        # Set by close_soon: nothing more is read; what was answered still goes out.
+        self._ending = False
+        # Set once every frame before the close is queued: the writer closes after them.
         self._closing = False
+        # Bytes queued in the outbox and not yet handed to the socket.
+        self._unsent = 0
+        self._max_unsent = broker.config.max_unsent_bytes
         self.connected_at = broker.clock()
         self.last_seen_at = self.connected_at
         # Reading pauses while this many frames wait in the outbox (see _on_message).
@@ -369,7 +447,7 @@ class Connection:
         if gate is None:
             self._deliver(encode(frame))
         else:
-            gate.hold(self._deliver, encode(frame))
+            gate.hold(self._deliver_held, self._count(encode(frame)))
 
     def send_early(self, frame: dict[str, Any]) -> None:
         """Like ``send``, for a ``jobs`` push whose claims may leave once they are written,
@@ -379,11 +457,11 @@ class Connection:
         if gate is None or not self._early_pushes:
             self.send(frame)
         elif not self._closing:
-            gate.hold_early(self._deliver, encode(frame), self.flush_now)
+            gate.hold_early(self._deliver_held, self._count(encode(frame)), self.flush_now)
 
     def _deliver_subscribed(self, data: bytes) -> None:
         # The reply to subscribe: from now on this connection's pushes may leave early.
-        self._deliver(data)
+        self._deliver_held(data)
         self._early_pushes = True
 
     def push_now(self, frame: dict[str, Any]) -> None:
@@ -395,7 +473,38 @@ class Connection:
         """Whether every frame queued so far has gone to the socket."""
         return not self._outbox and not self._closing
 
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of frames for this peer not yet on the wire: queued here, or handed to
+        the socket's transport and not yet taken by the kernel."""
+        ws = self.ws
+        return self._unsent + ws.transport.get_write_buffer_size()
+
+    @property
+    def reading_held(self) -> bool:
+        """Whether reading waits until what is unsent has gone out (see ``_on_message``)."""
+        ws = self.ws
+        assert isinstance(ws, _Socket)
+        return ws.holding
+
+    def _count(self, data: bytes) -> bytes:
+        """Count ``data`` as unsent from now on (held in the commit gate counts too)."""
+        self._unsent += len(data)
+        if self._unsent >= self._max_unsent:
+            # Bounded in bytes: reading pauses (_on_message) and the dispatcher pushes
+            # nothing more here until the socket has taken these bytes.
+            sub = self.subscription
+            if sub is not None and not sub.congested:
+                self.broker.dispatcher.congested(sub, True)
+        return data
+
     def _deliver(self, data: bytes) -> None:
+        """Queue ``data`` for the writer now."""
+        if not self._closing:
+            self._deliver_held(self._count(data))
+
+    def _deliver_held(self, data: bytes) -> None:
+        """Queue ``data``, counted when it went into the commit gate, for the writer."""
         if self._closing:
             return
         self._outbox.append(data)
@@ -403,8 +512,25 @@ class Connection:
             self._flush_soon = True
             self._loop.call_soon(self.flush_now)
         if len(self._outbox) > self.broker.config.max_outbox_frames:
-            self._outbox.clear()
-            self.close_soon(CLOSE_POLICY_VIOLATION, "too slow: not reading its frames")
+            self._drop("too slow: not reading its frames")
+
+    def _drop(self, reason: str) -> None:
+        """Forget what is queued and close 1008 now: the peer does not keep up."""
+        self._outbox.clear()
+        self._unsent = 0
+        self._ending = True
+        self._begin_close(CLOSE_POLICY_VIOLATION, reason)
+
+    def _drained(self) -> None:
+        """Everything queued has gone to the socket and the socket takes more."""
+        if self._unsent >= self._max_unsent:
+            return  # still held in the commit gate: its release calls this again
+        ws = self.ws
+        assert isinstance(ws, _Socket)
+        ws.release()  # reading again, if it was held
+        sub = self.subscription
+        if sub is not None and sub.congested:
+            self.broker.dispatcher.congested(sub, False)
 
     def flush_now(self) -> None:
         """Write what is queued now, if it was not written yet (see ``_flush``)."""
@@ -432,14 +558,30 @@ class Connection:
             ):
                 self._wake.set()
                 return
-            ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
+            self._unsent -= ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
         if ws.paused:
             self._wake.set()  # the writer task watches the socket drain
         else:
-            ws.release()  # reading again, if it was held
+            self._drained()
 
     def close_soon(self, code: int, reason: str) -> None:
-        """Close after the frames already queued (the reader notices and ends)."""
+        """Read nothing more, and close once every frame answered so far is out.
+
+        With a durable store the replies before the close may still wait in the commit
+        gate: the close waits behind them there, so a peer closed for bad frames still
+        gets every reply (and every error) sent before the close frame.
+        """
+        if self._ending:
+            return
+        self._ending = True
+        gate = self.broker.gate
+        if gate is None:
+            self._begin_close(code, reason)
+        else:
+            gate.hold(lambda _: self._begin_close(code, reason), b"")
+
+    def _begin_close(self, code: int, reason: str) -> None:
+        """Queue nothing more; the writer sends what is queued, then the close frame."""
         if self._closing:
             return
         self._closing = True
@@ -459,12 +601,12 @@ class Connection:
                 await self._wake.wait()
                 self._wake.clear()
                 while outbox:
-                    await self._write_some(ws, outbox, bound)
+                    taken = await self._write_some(ws, outbox, bound)
+                    self._unsent -= taken  # (not ``-= await``: it would read before)
                 if ws.paused:
                     with anyio.fail_after(bound):
                         await ws.drain()
-                assert isinstance(ws, _Socket)
-                ws.release()  # reading again, if it was held
+                self._drained()
                 if self._closing:
                     with anyio.fail_after(bound):
                         await ws.close(self._close_code, self._close_reason)
@@ -478,7 +620,7 @@ class Connection:
             scope.cancel()  # the reader and the authentication deadline end too
 
     @staticmethod
-    async def _write_some(ws: ServerConnection, outbox: deque[bytes], bound: float) -> None:
+    async def _write_some(ws: ServerConnection, outbox: deque[bytes], bound: float) -> int:
         """Frame a batch of queued frames and hand them to the socket in one write.
 
         This is ``send_context`` (websockets' documented way to write through its protocol
@@ -489,19 +631,20 @@ class Connection:
         takes the documented path, which waits for the close and raises
         ``ConnectionClosed``. The batch is bounded so that a slow peer's unsent bytes stay
         bounded too; one write per batch instead of per frame is most of what many small
-        replies cost.
+        replies cost. Returns the bytes of text taken from ``outbox``.
         """
         protocol = ws.protocol
         if protocol.state is not _OPEN or ws.transport.is_closing():
             with anyio.fail_after(bound):
                 async with ws.send_context():
                     pass
-            return
+            return 0
         assert isinstance(ws, _Socket)
-        ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
+        taken = ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
         if ws.paused:
             with anyio.fail_after(bound):
                 await ws.drain()
+        return taken
 
     # -- receiving ------------------------------------------------------------------------
 
@@ -526,14 +669,15 @@ class Connection:
                     tg.cancel_scope.cancel()
 
     def _on_message(self, message: str | bytes) -> None:
-        if self._closing:
-            return  # the writer sends what is queued and closes; nothing more is read
+        if self._ending:
+            return  # the writer sends what is answered and closes; nothing more is read
         self.handle_frame(message)
         # Replies waiting beyond this stop the reading until they are written, so a peer
         # that pipelines requests is slowed by TCP flow control, not dropped as slow. The
         # requests already read (one read can hold thousands) wait too: handled now, their
-        # replies alone could overflow the outbox.
-        if len(self._outbox) >= self._high_water:
+        # replies alone could overflow the outbox, or fill memory (a pipelined get_job
+        # of a large job is a large reply from a small request).
+        if len(self._outbox) >= self._high_water or self._unsent >= self._max_unsent:
             ws = self.ws
             assert isinstance(ws, _Socket)
             ws.hold()
@@ -590,7 +734,7 @@ class Connection:
         elif gate is None or self._closing:
             self.send(ok_reply(rid, result))
         else:
-            gate.hold(self._deliver_subscribed, encode(ok_reply(rid, result)))
+            gate.hold(self._deliver_subscribed, self._count(encode(ok_reply(rid, result))))
 
     def _refuse(self, exc: WireError) -> None:
         self.send(exc.reply())
@@ -606,6 +750,7 @@ class Connection:
     def release(self) -> None:
         """The connection is over: its subscription ends, its token slot frees."""
         self._closing = True
+        self._ending = True
         self.broker.feed.forget(self)
         if self.subscription is not None:
             self.broker.dispatcher.unsubscribe(self.subscription)

@@ -218,6 +218,11 @@ class DirectReader(Connection):
         else:
             self._hand_over()
 
+    @property
+    def holding(self) -> bool:
+        """Whether the handler asked for no more messages for now (``hold``)."""
+        return self._holding
+
     def hold(self) -> None:
         """Stop reading, and keep the messages already read but not yet handed over (the
         rest of the bytes in hand) until ``release()``: the handler wants no more now."""

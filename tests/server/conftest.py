@@ -8,8 +8,11 @@ timeout so that a broken broker fails the test instead of hanging it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -148,6 +151,62 @@ async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
     yield open_client
     for ws in opened:
         await ws.close()
+
+
+@pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail the test if the broker (or websockets on its behalf) logs an error."""
+    caplog.set_level(logging.INFO)
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r for r in records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+def stalled_socket(url: str) -> socket.socket:
+    """A connected socket with a small receive buffer, so a peer that stops reading shows."""
+    host, port = url.removeprefix("ws://").split("/")[0].rsplit(":", 1)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    sock.setblocking(False)
+    return sock
+
+
+async def http_get(
+    broker: Broker,
+    target: str,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
+    host: str | None = None,
+) -> tuple[int, dict[str, str], bytes]:
+    """``GET target`` written byte for byte; the status, headers (lower-cased) and body.
+    ``host`` replaces the ``Host`` header's value (the broker's address by default)."""
+    assert broker.server is not None
+    host_header = host
+    host, port = next(iter(broker.server.sockets)).getsockname()[:2]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        lines = [
+            f"GET {target} HTTP/1.1",
+            f"Host: {f'{host}:{port}' if host_header is None else host_header}",
+            "Connection: close",
+        ]
+        pairs = headers.items() if isinstance(headers, dict) else headers or []
+        lines += [f"{name}: {value}" for name, value in pairs]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        async with asyncio.timeout(WAIT):
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            status_line, *header_lines = head.removesuffix("\r\n\r\n").split("\r\n")
+            found: dict[str, str] = {}
+            for line in header_lines:
+                name, _, value = line.partition(":")
+                found[name.strip().lower()] = value.strip()
+            body = await reader.readexactly(int(found["content-length"]))
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    return int(status_line.split()[1]), found, body
 
 
 def with_config(**changes: Any) -> Any:

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import socket
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -22,10 +19,16 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from broker.ops import HANDLERS
-from broker.server import Broker, Connection
+from broker.server import Broker, Connection, _Socket
 from sdk._wire import OPS, ErrorCode, Field, Kind, Op
 
-from .conftest import WAIT, ClientFactory, RawClient, with_config
+from .conftest import (
+    WAIT,
+    ClientFactory,
+    RawClient,
+    stalled_socket,
+    with_config,
+)
 
 # Small limits, so that going over them costs little.
 LIMITS = {
@@ -35,16 +38,6 @@ LIMITS = {
     "max_frame_bytes": 8192,
 }
 limited = with_config(**LIMITS)
-
-
-@pytest.fixture
-def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Fail the test if the broker (or websockets on its behalf) logs an error."""
-    caplog.set_level(logging.INFO)
-    yield
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    errors = [r for r in records if r.levelno >= logging.ERROR]
-    assert not errors, [r.getMessage() for r in errors]
 
 
 def request(op: str, **fields: Any) -> str:
@@ -210,6 +203,7 @@ BAD_INPUT: dict[str, tuple[str | bytes, str, str | None, Any]] = {
         1,
     ),
     "protocol 2": (request("hello", protocol=2), "unsupported_version", "protocol", 1),
+    "client name too long": (request("hello", client="c" * 257), "invalid_argument", "client", 1),
     # Limits.
     "payload too large": (enqueue(payload="x" * 2000), "too_large", "payload", 1),
     "batch payload too large": (
@@ -375,15 +369,18 @@ async def test_an_internal_error_says_nothing_and_the_broker_goes_on(
 
 # -------------------------------------------------------------------------- fuzzing
 
+
+def json_containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
+    json_containers,
     max_leaves=12,
 )
 QUEUE_NAMES = st.sampled_from(["q", "fuzz", "a.b:c-d_e", "", "no spaces", "x" * 129]) | st.text(
@@ -514,16 +511,6 @@ async def test_fuzzed_frames_never_break_the_broker(broker: Broker, no_errors_lo
 # -------------------------------------------------------------------------- slow peers
 
 
-def stalled_socket(url: str) -> socket.socket:
-    """A connected socket with a small receive buffer, so a peer that stops reading shows."""
-    host, port = url.removeprefix("ws://").split("/")[0].rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    sock.setblocking(False)
-    return sock
-
-
 @with_config(ping_timeout_s=1.0)
 async def test_a_stalled_worker_does_not_slow_another_and_is_dropped(
     broker: Broker, client: ClientFactory, no_errors_logged: None
@@ -533,12 +520,16 @@ async def test_a_stalled_worker_does_not_slow_another_and_is_dropped(
     # A worker that subscribes and then never reads again (its library buffers one frame).
     stalled = await client(sock=stalled_socket(broker.url), max_queue=1, ping_interval=None)
     await stalled.call("subscribe", worker_id="stalled", queues=["slow"], prefetch=500)
-    jobs = 120
-    for _ in range(jobs // 10):  # 120 x 64 KiB: far more than the socket buffers hold
+    jobs = 240
+    for _ in range(jobs // 10):  # 240 x 64 KiB: far more than the socket buffers hold
         batch = [{"payload": {"blob": "x" * 65536}} for _ in range(10)]
         await publisher.call("enqueue_batch", queue="slow", jobs=batch)
     stats = (await publisher.call("stats", queue="slow"))["queues"]["slow"]
-    assert stats["processing"] == jobs  # all pushed to the stalled worker
+    # Its window has room for all of them, but once its connection holds a MiB unsent
+    # the broker pushes it nothing more: the rest wait in the queue, not in memory.
+    pushed = stats["processing"]
+    assert 0 < pushed < jobs
+    assert stats["ready"] == jobs - pushed
 
     # Another worker on another queue is served as if nothing were wrong.
     fast = await client()
@@ -555,7 +546,8 @@ async def test_a_stalled_worker_does_not_slow_another_and_is_dropped(
     rescuer = await client()
     await rescuer.call("subscribe", worker_id="rescuer", queues=["slow"], prefetch=500)
     got = await rescuer.jobs(jobs, timeout=WAIT + 5)
-    assert {job["attempt"] for job in got} == {2}
+    attempts = [job["attempt"] for job in got]
+    assert (attempts.count(2), attempts.count(1)) == (pushed, jobs - pushed)
     assert await stalled.closed() in {1006, 1008}
 
 
@@ -776,3 +768,69 @@ def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None
     sock.attach(None)  # the handler is done
     sock.process_event(Frame(Opcode.TEXT, b"four"))
     assert got == ["one", "two", b"three"] and sock._waiting is None
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+async def test_a_peer_closed_for_garbage_gets_every_reply_before_the_close(
+    client: ClientFactory,
+) -> None:
+    # An enqueue, then ten bad frames, in one write: with a durable store the enqueue's
+    # reply waits for its commit, and the close must wait behind it, not overtake it.
+    conn = await client()
+    frames = [enqueue(payload="kept")] + ["nope"] * 10
+    async with conn.ws.send_context():
+        for frame in frames:
+            conn.ws.protocol.send_text(frame.encode())
+    replies = [await conn.recv() for _ in frames]
+    assert replies[0]["ok"] is True and replies[0]["rid"] == 1
+    assert [r["error"]["code"] for r in replies[1:]] == ["bad_json"] * 10
+    assert all(r["rid"] is None for r in replies[1:])
+    assert await conn.closed() == 1008
+    other = await client()
+    assert (await other.call("get_job", id=replies[0]["id"]))["job"]["payload"] == "kept"
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+@with_config(ping_timeout_s=1.0)
+async def test_a_peer_that_pipelines_large_replies_and_never_reads_holds_bounded_memory(
+    broker: Broker,
+    client: ClientFactory,
+    no_errors_logged: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    held: asyncio.Queue[_Socket] = asyncio.Queue()
+    hold = _Socket.hold
+
+    def noting_holds(ws: _Socket) -> None:
+        held.put_nowait(ws)
+        hold(ws)
+
+    monkeypatch.setattr(_Socket, "hold", noting_holds)
+    ended: asyncio.Queue[Connection] = asyncio.Queue()
+    release = Connection.release
+
+    def noting_ends(conn: Connection) -> None:
+        ended.put_nowait(conn)
+        release(conn)
+
+    monkeypatch.setattr(Connection, "release", noting_ends)
+    publisher = await client()
+    job_id = (await publisher.call("enqueue", queue="big", payload="x" * 900_000))["id"]
+    # 2,000 get_job requests for a 0.9 MB job in one small write (about 2 GB of replies),
+    # from a peer that never reads them.
+    hog = await client(sock=stalled_socket(broker.url), max_queue=1, ping_interval=None)
+    ask = orjson.dumps({"op": "get_job", "rid": 1, "id": job_id})
+    async with hog.ws.send_context():
+        for _ in range(2000):
+            hog.ws.protocol.send_text(ask)
+    ws = await asyncio.wait_for(held.get(), WAIT)
+    [conn] = [c for c in broker.connections if c.ws is ws]
+    # Reading paused once a MiB was unsent: what waits is that and the reply that
+    # crossed it (the other 1,998 or so requests wait unread).
+    assert conn.reading_held
+    assert conn.unsent_bytes < broker.config.max_unsent_bytes + 1_000_000
+    # Others are served meanwhile, and the hog is dropped once its socket stays full for
+    # the ping timeout.
+    assert (await publisher.call("get_job", id=job_id))["job"]["id"] == job_id
+    assert await asyncio.wait_for(ended.get(), WAIT) is conn
+    assert conn not in broker.connections

@@ -9,7 +9,6 @@ read frames until a deadline.
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +19,7 @@ from broker import __version__
 from broker.server import Broker, Connection
 from sdk._wire import Role
 
-from .conftest import ClientFactory, RawClient, with_config
+from .conftest import ClientFactory, RawClient, stalled_socket, with_config
 
 Snapshot = dict[str, Any]
 
@@ -424,16 +423,6 @@ BATCH = 1000
 PREFETCH = 16
 DEAD_ROWS = 100
 ERROR_CHARS = 8000  # 100 dead rows of this: a snapshot of the page is ~800 KB
-
-
-def stalled_socket(url: str) -> socket.socket:
-    """A connected socket with a small receive buffer, so a peer that stops reading shows."""
-    host, port = url.removeprefix("ws://").split("/")[0].rsplit(":", 1)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    sock.setblocking(False)
-    return sock
 
 
 async def run_jobs(

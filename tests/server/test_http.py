@@ -1,5 +1,5 @@
 """The plain-HTTP side of the broker's port: the dashboard's files, ``/healthz`` and
-``/metrics`` (docs/protocol.md §1; issue 5).
+``/metrics`` (docs/protocol.md §1).
 
 Requests are written by hand on a raw socket, so the paths reach the broker exactly as
 sent: HTTP clients and browsers would normalise ``/../`` away before sending.
@@ -8,7 +8,6 @@ sent: HTTP clients and browsers would normalise ``/../`` away before sending.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import hashlib
 import json
@@ -29,7 +28,7 @@ from broker.metrics import GcPauses, LatencyHistogram
 from broker.server import Broker
 from broker.static import StaticFiles
 
-from .conftest import WAIT, ClientFactory
+from .conftest import WAIT, ClientFactory, http_get
 
 ROOT = Path(__file__).resolve().parents[2]
 WEB = ROOT / "web"
@@ -40,32 +39,6 @@ TYPES = {
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
 }
-
-
-async def http_get(
-    broker: Broker, target: str, headers: dict[str, str] | None = None
-) -> tuple[int, dict[str, str], bytes]:
-    """``GET target`` written byte for byte; the status, headers (lower-cased) and body."""
-    assert broker.server is not None
-    host, port = next(iter(broker.server.sockets)).getsockname()[:2]
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        lines = [f"GET {target} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
-        lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
-        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-        async with asyncio.timeout(WAIT):
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-            status_line, *header_lines = head.removesuffix("\r\n\r\n").split("\r\n")
-            found: dict[str, str] = {}
-            for line in header_lines:
-                name, _, value = line.partition(":")
-                found[name.strip().lower()] = value.strip()
-            body = await reader.readexactly(int(found["content-length"]))
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
-    return int(status_line.split()[1]), found, body
 
 
 # --------------------------------------------------------------------------- static files

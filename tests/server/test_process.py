@@ -26,7 +26,9 @@ from .conftest import RawClient
 ROOT = Path(__file__).resolve().parents[2]
 START = 10.0  # seconds the process may take to start listening
 STOP = 5.0  # seconds it may take to stop after a signal
-LISTENING = re.compile(rb"conveyor listening on ws://([0-9.]+):(\d+)/ws \(store: memory\)\n")
+LISTENING = re.compile(
+    rb"conveyor listening on ws://([0-9.]+):(\d+)/ws \(store: (?:memory|sqlite [^)]+)\)\n"
+)
 WARNING = "NO TOKENS"
 
 
@@ -236,3 +238,38 @@ async def test_loop_uvloop_without_uvloop_exits_2_and_auto_serves_on_asyncio(
         code, out, err = await served.stop()
     assert (code, out) == (0, b"")
     assert b"uvloop" not in err
+
+
+# Frames that once stopped a durable broker, or fooled its decoder, as sent on the wire.
+HOSTILE = [
+    '{"rid":1,"op":"enqueue","queue":"q","payload":1,"max_attempts":9223372036854775808}',
+    '{"rid":1,"op":"enqueue","queue":"q","payload":1,"max_attempts":2147483648}',
+    '{"rid":1e400,"rid":1,"op":"enqueue","queue":"q","payload":1,"key":"\\ud800"}',
+    '{"rid":1,"op":"enqueue","queue":"q","payload":1,"key":"\\ud800"}',
+    '{"rid":' + "9" * 400 + ',"op":"ping"}',
+    '{"rid":1,"op":"enqueue","queue":"q","payload":1,"max_attempts":1' + "0" * 400 + "}",
+    '{"rid":1,"op":"subscribe","worker_id":"\\ud800","queues":["q"]}',
+    '{"rid":1,"op":"enqueue","queue":"q","payload":"\\udfff"}',
+]
+
+
+async def test_no_frame_stops_a_durable_broker(tmp_path: Path) -> None:
+    env = environment(CONVEYOR_STORE="sqlite", CONVEYOR_DB=str(tmp_path / "conveyor.db"))
+    async with serving(env=env) as served:
+        conn = RawClient(await connect(served.url))
+        for frame in HOSTILE:
+            await conn.send(frame)
+            reply = await conn.recv()
+            assert reply["ok"] is False, frame
+            assert reply["error"]["code"] in {"bad_json", "invalid_argument"}, reply
+            assert (await conn.request("ping"))["ok"] is True  # between, so none is "in a row"
+        job_id = (await conn.call("enqueue", queue="q", payload="after"))["id"]
+        code, _out, err = await served.stop()
+    assert code == 0
+    assert b"Traceback" not in err and b"CRITICAL" not in err, err.decode()
+    # What was answered is there after a restart; nothing hostile was stored.
+    async with serving(env=env) as served:
+        conn = RawClient(await connect(served.url))
+        assert (await conn.call("get_job", id=job_id))["job"]["payload"] == "after"
+        assert (await conn.call("stats", queue="q"))["queues"]["q"]["ready"] == 1
+        await served.stop()

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
 import orjson
 import pytest
+from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
+from websockets.typing import Origin
 
+from broker.admission import host_allowed
 from broker.server import Broker
 from sdk._wire import OPS, Role
 
-from .conftest import ClientFactory, RawClient, with_config
+from .conftest import ClientFactory, RawClient, http_get, with_config
 
 PUBLISH = "pub-7f3a9c1e-secret"
 WORK = "work-2b8d4e6f-secret"
@@ -245,3 +249,103 @@ async def test_tokens_never_appear_in_the_logs(
     assert caplog.records, "expected the broker to log something while refusing"
     for token in (*TOKENS, wrong):
         assert token not in caplog.text
+
+
+# --------------------------------------------------------------------- Host (DNS rebinding)
+
+
+async def test_a_loopback_broker_serves_only_loopback_names_and_addresses(
+    broker: Broker, client: ClientFactory
+) -> None:
+    # A page on evil.example whose name resolves to 127.0.0.1 sends its own name as Host,
+    # and an Origin that matches it: refused on every path, the upgrade included.
+    port = broker.url.rsplit(":", 1)[1].split("/")[0]
+    rebound = f"evil.example:{port}"
+    for path in ("/", "/healthz", "/metrics", "/ws"):
+        status, _headers, body = await http_get(broker, path, host=rebound)
+        assert (status, body) == (403, b"host not allowed\n"), path
+    with pytest.raises(InvalidStatus) as refused:
+        sock = socket.create_connection(("127.0.0.1", int(port)))
+        await connect(f"ws://{rebound}/ws", sock=sock, origin=Origin(f"http://{rebound}"))
+    assert refused.value.response.status_code == 403
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LocalHost", "[::1]:8", "app.localhost"):
+        status, _headers, _body = await http_get(broker, "/healthz", host=host)
+        assert status == 200, host
+
+
+async def test_a_repeated_host_header_is_refused(broker: Broker, no_errors_logged: None) -> None:
+    for name in ("Host", "Origin", "Authorization"):
+        status, _, body = await http_get(broker, "/ws", [(name, "127.0.0.1"), (name, "x")])
+        assert (status, body) == (400, f"{name}: the header must not repeat\n".encode()), name
+
+
+@with_config(allowed_hosts=("broker.internal", ".example.com"))
+async def test_allowed_hosts_add_names_and_domains(broker: Broker) -> None:
+    for host in ("broker.internal:8765", "example.com", "q.example.com"):
+        assert (await http_get(broker, "/healthz", host=host))[0] == 200, host
+    for host in ("evil.internal", "notexample.com", "example.com.evil.net"):
+        assert (await http_get(broker, "/healthz", host=host))[0] == 403, host
+
+
+def test_the_host_rule() -> None:
+    # Beyond loopback with no allow-list the operator's names are unknown: any is served.
+    assert host_allowed("queue.corp:8765", bind_host="0.0.0.0", allowed=())
+    assert not host_allowed("queue.corp:8765", bind_host="127.0.0.1", allowed=())
+    assert not host_allowed("queue.corp", bind_host="0.0.0.0", allowed=("broker.corp",))
+    assert host_allowed("anything", bind_host="127.0.0.1", allowed=("*",))
+    assert host_allowed("10.0.0.7:8765", bind_host="127.0.0.1", allowed=())
+    assert not host_allowed(None, bind_host="0.0.0.0", allowed=())
+    assert not host_allowed("", bind_host="0.0.0.0", allowed=())
+
+
+# ------------------------------------------------------------------------------ /metrics
+
+
+@secured
+async def test_metrics_need_a_bearer_token_with_the_read_role(broker: Broker) -> None:
+    status, headers, _ = await http_get(broker, "/metrics")
+    assert status == 401
+    assert headers["www-authenticate"].startswith("Bearer")
+    assert (await http_get(broker, "/metrics", {"Authorization": "Bearer nope"}))[0] == 401
+    for token in (PUBLISH, WORK):
+        status, _, _ = await http_get(broker, "/metrics", {"Authorization": f"Bearer {token}"})
+        assert status == 403, token
+    for token in (READ, ADMIN):
+        status, _, body = await http_get(broker, "/metrics", {"Authorization": f"Bearer {token}"})
+        assert status == 200 and b"conveyor_" in body, token
+    # Health checks and the dashboard's files stay open: they hold no job data.
+    assert (await http_get(broker, "/healthz"))[0] == 200
+
+
+async def test_metrics_on_an_open_broker_need_no_token(broker: Broker) -> None:
+    assert (await http_get(broker, "/metrics"))[0] == 200
+
+
+# ------------------------------------------------------------------- connection limits
+
+
+@with_config(max_connections_per_address=3)
+async def test_connections_per_address_are_limited(client: ClientFactory) -> None:
+    conns = [await client() for _ in range(3)]
+    with pytest.raises(InvalidStatus) as refused:
+        await client()
+    assert refused.value.response.status_code == 503
+    assert refused.value.response.headers["Retry-After"] == "5"
+    assert b"per address" in refused.value.response.body
+    # The slot frees once one of them ends.
+    await conns[0].ws.close()
+    await conns[0].ws.wait_closed()
+    assert (await (await client()).request("ping"))["ok"] is True
+
+
+@with_config(max_connections=2)
+async def test_connections_in_all_are_limited(broker: Broker, client: ClientFactory) -> None:
+    first, _second = await client(), await client()
+    with pytest.raises(InvalidStatus) as refused:
+        await client()
+    assert refused.value.response.status_code == 503
+    # Plain HTTP is still served: health checks see a full broker, not a dead one.
+    assert (await http_get(broker, "/healthz"))[0] == 200
+    await first.ws.close()
+    await first.ws.wait_closed()
+    assert (await (await client()).request("ping"))["ok"] is True
