@@ -1,10 +1,13 @@
-"""``GET /metrics``: the broker in the Prometheus text format, via ``prometheus_client``.
+"""``GET /metrics``: the broker in the Prometheus text format 0.0.4.
 
-Gauges and counters are read at scrape time from the engine's counters (a collector,
-never a walk over jobs); push latency is a real histogram the dispatcher feeds. The
-process's own figures come too: memory, CPU and open files (``process_*``), the cyclic
-garbage collector's counts (``python_gc_*``) and how long each of its collections
-stopped the broker (``conveyor_gc_pause_seconds``: a full one walks every pending job).
+The table's families (per-queue gauges and counters, workers, connections) are written
+as plain text by ``render_table``, read at render time from the engine's counters (one
+pass over the queues, never a walk over jobs). The rest comes from ``prometheus_client``:
+push latency, a real histogram the dispatcher feeds; the process's own figures, memory,
+CPU and open files (``process_*``); the cyclic garbage collector's counts
+(``python_gc_*``) and how long each of its collections stopped the broker
+(``conveyor_gc_pause_seconds``: a full one walks every pending job). ``Metrics`` joins
+the two and serves one body for up to a second.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from prometheus_client.utils import floatToGoString
 
 from .engine import JobTable
 
-__all__ = ["CONTENT_TYPE", "GC_PAUSES", "GcPauses", "LatencyHistogram", "Metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "GC_PAUSES",
+    "GcPauses",
+    "LatencyHistogram",
+    "Metrics",
+    "escape_label_value",
+    "render_table",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -76,6 +87,7 @@ def render_table(table: JobTable, *, workers: int, connections: int) -> str:
     Plain string building: prometheus_client's objects and its writer cost several times
     more per sample, and a broker may hold thousands of queues (docs/benchmarks.md).
     """
+    jobs_name, paused_name = _JOBS[0], _PAUSED[0]
     jobs: list[str] = []
     paused: list[str] = []
     totals: list[list[str]] = [[] for _ in _TOTALS]
@@ -83,12 +95,12 @@ def render_table(table: JobTable, *, workers: int, connections: int) -> str:
         stats = table.queue(name).stats()
         label = f'{{queue="{escape_label_value(name)}"'
         jobs.append(
-            f'conveyor_queue_jobs{label},state="ready"}} {stats.ready}\n'
-            f'conveyor_queue_jobs{label},state="scheduled"}} {stats.scheduled}\n'
-            f'conveyor_queue_jobs{label},state="processing"}} {stats.processing}\n'
-            f'conveyor_queue_jobs{label},state="dead"}} {stats.dead}\n'
+            f'{jobs_name}{label},state="ready"}} {stats.ready}\n'
+            f'{jobs_name}{label},state="scheduled"}} {stats.scheduled}\n'
+            f'{jobs_name}{label},state="processing"}} {stats.processing}\n'
+            f'{jobs_name}{label},state="dead"}} {stats.dead}\n'
         )
-        paused.append(f"conveyor_queue_paused{label}}} {1 if stats.paused else 0}\n")
+        paused.append(f"{paused_name}{label}}} {1 if stats.paused else 0}\n")
         t = stats.totals
         values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
         for lines, (metric, _, _), value in zip(totals, _TOTALS, values, strict=True):
