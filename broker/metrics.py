@@ -1,10 +1,13 @@
-"""``GET /metrics``: the broker in the Prometheus text format, via ``prometheus_client``.
+"""``GET /metrics``: the broker in the Prometheus text format 0.0.4.
 
-Gauges and counters are read at scrape time from the engine's counters (a collector,
-never a walk over jobs); push latency is a real histogram the dispatcher feeds. The
-process's own figures come too: memory, CPU and open files (``process_*``), the cyclic
-garbage collector's counts (``python_gc_*``) and how long each of its collections
-stopped the broker (``conveyor_gc_pause_seconds``: a full one walks every pending job).
+The table's families (per-queue gauges and counters, workers, connections) are written
+as plain text by ``render_table``, read at render time from the engine's counters (one
+pass over the queues, never a walk over jobs). The rest comes from ``prometheus_client``:
+push latency, a real histogram the dispatcher feeds; the process's own figures, memory,
+CPU and open files (``process_*``); the cyclic garbage collector's counts
+(``python_gc_*``) and how long each of its collections stopped the broker
+(``conveyor_gc_pause_seconds``: a full one walks every pending job). ``Metrics`` joins
+the two and serves one body for up to a second.
 """
 
 from __future__ import annotations
@@ -23,8 +26,6 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
 )
@@ -33,7 +34,15 @@ from prometheus_client.utils import floatToGoString
 
 from .engine import JobTable
 
-__all__ = ["CONTENT_TYPE", "GC_PAUSES", "GcPauses", "LatencyHistogram", "Metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "GC_PAUSES",
+    "GcPauses",
+    "LatencyHistogram",
+    "Metrics",
+    "escape_label_value",
+    "render_table",
+]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -44,53 +53,65 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
-class _TableCollector(Collector):
-    def __init__(self, table: JobTable, workers: Callable[[], int], conns: Callable[[], int]):
-        self._table = table
-        self._workers = workers
-        self._conns = conns
+# The per-queue families, in the order they are written: (name, HELP, TYPE).
+_JOBS = ("conveyor_queue_jobs", "Jobs in a queue by state.", "gauge")
+_PAUSED = ("conveyor_queue_paused", "1 if the queue is paused.", "gauge")
+_TOTALS = tuple(
+    (f"conveyor_jobs_{name}_total", f"Jobs {name} since the broker started.", "counter")
+    for name in ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
+)
+_WORKERS = ("conveyor_workers_connected", "Subscribed worker connections.", "gauge")
+_CONNECTIONS = ("conveyor_connections", "Open WebSocket connections.", "gauge")
 
-    def collect(self) -> Iterator[Metric]:
-        jobs = GaugeMetricFamily(
-            "conveyor_queue_jobs", "Jobs in a queue by state.", labels=["queue", "state"]
+
+def escape_label_value(value: str) -> str:
+    """``value`` as the text format 0.0.4 wants it between a label's quotes: ``\\``,
+    ``"`` and newline escaped (as ``\\\\``, ``\\"`` and ``\\n``), all else as is."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def _head(family: tuple[str, str, str]) -> str:
+    """A family's ``# HELP`` and ``# TYPE`` lines (HELP text escapes ``\\`` and newline)."""
+    name, help_text, kind = family
+    help_text = help_text.replace("\\", "\\\\").replace("\n", "\\n")
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
+
+
+def render_table(table: JobTable, *, workers: int, connections: int) -> str:
+    """The table's families in the text format 0.0.4: per-queue job counts by state,
+    paused flags and running totals (one pass over the queues' counters, no walk over
+    jobs), then the worker and connection gauges.
+
+    Plain string building: prometheus_client's objects and its writer cost several times
+    more per sample, and a broker may hold thousands of queues (docs/benchmarks.md).
+    """
+    jobs_name, paused_name = _JOBS[0], _PAUSED[0]
+    jobs: list[str] = []
+    paused: list[str] = []
+    totals: list[list[str]] = [[] for _ in _TOTALS]
+    for name in table.queues():
+        stats = table.queue(name).stats()
+        label = f'{{queue="{escape_label_value(name)}"'
+        jobs.append(
+            f'{jobs_name}{label},state="ready"}} {stats.ready}\n'
+            f'{jobs_name}{label},state="scheduled"}} {stats.scheduled}\n'
+            f'{jobs_name}{label},state="processing"}} {stats.processing}\n'
+            f'{jobs_name}{label},state="dead"}} {stats.dead}\n'
         )
-        paused = GaugeMetricFamily(
-            "conveyor_queue_paused", "1 if the queue is paused.", labels=["queue"]
-        )
-        totals = {
-            name: CounterMetricFamily(
-                f"conveyor_jobs_{name}", f"Jobs {name} since the broker started.", labels=["queue"]
-            )
-            for name in (
-                "enqueued",
-                "completed",
-                "retried",
-                "dead_lettered",
-                "expired",
-                "cancelled",
-            )
-        }
-        for name in self._table.queues():
-            stats = self._table.queue(name).stats()
-            for state in ("ready", "scheduled", "processing", "dead"):
-                jobs.add_metric([name, state], getattr(stats, state))
-            paused.add_metric([name], 1.0 if stats.paused else 0.0)
-            t = stats.totals
-            totals["enqueued"].add_metric([name], t.enqueued)
-            totals["completed"].add_metric([name], t.completed)
-            totals["retried"].add_metric([name], t.retried)
-            totals["dead_lettered"].add_metric([name], t.dead)
-            totals["expired"].add_metric([name], t.expired)
-            totals["cancelled"].add_metric([name], t.cancelled)
-        yield jobs
-        yield paused
-        yield from totals.values()
-        yield GaugeMetricFamily(
-            "conveyor_workers_connected", "Subscribed worker connections.", value=self._workers()
-        )
-        yield GaugeMetricFamily(
-            "conveyor_connections", "Open WebSocket connections.", value=self._conns()
-        )
+        paused.append(f"{paused_name}{label}}} {1 if stats.paused else 0}\n")
+        t = stats.totals
+        values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
+        for lines, (metric, _, _), value in zip(totals, _TOTALS, values, strict=True):
+            lines.append(f"{metric}{label}}} {value}\n")
+    parts = [_head(_JOBS), *jobs, _head(_PAUSED), *paused]
+    for family, lines in zip(_TOTALS, totals, strict=True):
+        parts.append(_head(family))
+        parts.extend(lines)
+    parts += [_head(_WORKERS), f"{_WORKERS[0]} {workers}\n"]
+    parts += [_head(_CONNECTIONS), f"{_CONNECTIONS[0]} {connections}\n"]
+    return "".join(parts)
 
 
 class _Buckets:
@@ -199,14 +220,34 @@ GC_PAUSES = GcPauses()
 
 
 class Metrics:
-    """One broker's registry (never the process-global one, so brokers in one process
-    do not mix)."""
+    """One broker's ``/metrics`` body.
+
+    The table's families come from ``render_table``; the rest (push latency, the
+    process, the garbage collector) from a registry of this broker's own (never the
+    process-global one, so brokers in one process do not mix) through
+    ``generate_latest``. A rendered body is served again for ``max_age_s`` seconds of
+    ``clock`` (monotonic): a scrape loop costs at most one render per ``max_age_s``, and
+    the values a scrape reads may be that old (docs/protocol.md §1). ``max_age_s = 0``
+    renders at every scrape.
+    """
 
     def __init__(
-        self, table: JobTable, *, workers: Callable[[], int], connections: Callable[[], int]
+        self,
+        table: JobTable,
+        *,
+        workers: Callable[[], int],
+        connections: Callable[[], int],
+        clock: Callable[[], float] = time.monotonic,
+        max_age_s: float = 1.0,
     ) -> None:
+        self._table = table
+        self._workers = workers
+        self._connections = connections
+        self._clock = clock
+        self.max_age_s = max_age_s
+        self._body: bytes | None = None
+        self._rendered_at = 0.0
         self.registry = CollectorRegistry()
-        self.registry.register(_TableCollector(table, workers, connections))
         self.push_latency = LatencyHistogram()
         self.registry.register(self.push_latency)
         # The process: RSS, CPU seconds, open files (read from /proc at each scrape, and
@@ -218,4 +259,13 @@ class Metrics:
         self.registry.register(GC_PAUSES)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The body for one scrape: the cached one while it is younger than
+        ``max_age_s``, else a fresh one (which is then cached)."""
+        now = self._clock()
+        if self._body is None or now - self._rendered_at >= self.max_age_s:
+            table = render_table(
+                self._table, workers=self._workers(), connections=self._connections()
+            )
+            self._body = table.encode() + generate_latest(self.registry)
+            self._rendered_at = now
+        return self._body

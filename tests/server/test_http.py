@@ -156,7 +156,12 @@ async def test_health_and_metrics_are_live_data_never_cached(broker: Broker) -> 
 
 
 async def scrape(broker: Broker) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """``GET /metrics`` parsed as Prometheus text: every sample by (name, labels)."""
+    """``GET /metrics`` parsed as Prometheus text: every sample by (name, labels).
+
+    Rendered afresh: these tests compare scrapes moments apart, inside the broker's
+    one-second cache (which tests/server/test_metrics.py drives with a manual clock).
+    """
+    broker.metrics.max_age_s = 0.0
     status, _headers, body = await http_get(broker, "/metrics")
     assert status == 200
     return {

@@ -1,0 +1,197 @@
+"""The ``/metrics`` body without a server: the table's families written by hand in the
+text format 0.0.4, the rest from prometheus_client, and the one-second cache.
+
+The oracle for "the same families and values" is prometheus_client itself: the table's
+counters put into its metric families and written by its ``generate_latest``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from broker.engine import JobTable, QueueOpts
+from broker.metrics import Metrics, escape_label_value, render_table
+
+TOTALS = ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_table() -> tuple[JobTable, ManualClock]:
+    clock = ManualClock()
+    return JobTable(clock=clock, rng=random.Random(3), id_prefix="t"), clock
+
+
+def busy_table() -> JobTable:
+    """Queues with jobs in every state, a paused one and names using every allowed
+    punctuation mark."""
+    table, _clock = make_table()
+    q = table.queue("mail.out_eu-1:hi", QueueOpts(max_attempts=1))
+    for i in range(6):
+        q.enqueue(i)
+    q.enqueue("later", delay_s=60)
+    first, second, third, fourth = (q.claim_one("w") for _ in range(4))
+    assert first and second and third and fourth
+    first.ack()
+    second.fail("boom")  # one attempt allowed: dead-lettered
+    third.retry(delay_s=30)  # its one attempt spent: dead-lettered too
+    assert table.cancel(q.enqueue("gone"))
+    table.queue("empty").pause()
+    table.queue("x")
+    return table
+
+
+class ReferenceCollector(Collector):
+    """The table's families built from prometheus_client's own metric objects."""
+
+    def __init__(self, table: JobTable, workers: int, connections: int) -> None:
+        self.table, self.workers, self.connections = table, workers, connections
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = GaugeMetricFamily(
+            "conveyor_queue_jobs", "Jobs in a queue by state.", labels=["queue", "state"]
+        )
+        paused = GaugeMetricFamily(
+            "conveyor_queue_paused", "1 if the queue is paused.", labels=["queue"]
+        )
+        totals = {
+            name: CounterMetricFamily(
+                f"conveyor_jobs_{name}", f"Jobs {name} since the broker started.", labels=["queue"]
+            )
+            for name in TOTALS
+        }
+        for name in self.table.queues():
+            stats = self.table.queue(name).stats()
+            for state in ("ready", "scheduled", "processing", "dead"):
+                jobs.add_metric([name, state], getattr(stats, state))
+            paused.add_metric([name], 1.0 if stats.paused else 0.0)
+            t = stats.totals
+            values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
+            for total, value in zip(TOTALS, values, strict=True):
+                totals[total].add_metric([name], value)
+        yield jobs
+        yield paused
+        yield from totals.values()
+        yield GaugeMetricFamily(
+            "conveyor_workers_connected", "Subscribed worker connections.", value=self.workers
+        )
+        yield GaugeMetricFamily(
+            "conveyor_connections", "Open WebSocket connections.", value=self.connections
+        )
+
+
+def families(text: str) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    """Every family parsed: name, type, help and its samples, in the order written."""
+    return [
+        (f.name, f.type, f.documentation, [(s.name, s.labels, s.value) for s in f.samples])
+        for f in text_string_to_metric_families(text)
+    ]
+
+
+def samples(body: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for f in text_string_to_metric_families(body.decode())
+        for s in f.samples
+    }
+
+
+def test_the_table_families_parse_to_what_prometheus_client_writes() -> None:
+    table = busy_table()
+    registry = CollectorRegistry()
+    registry.register(ReferenceCollector(table, workers=2, connections=5))
+    expected = families(generate_latest(registry).decode())
+
+    got = families(render_table(table, workers=2, connections=5))
+
+    assert got == expected
+    by_name = {name: found for name, _type, _help, found in got}
+    jobs = {
+        (labels["queue"], labels["state"]): value
+        for _, labels, value in by_name["conveyor_queue_jobs"]
+    }
+    states = ("ready", "scheduled", "processing", "dead")
+    assert [jobs["mail.out_eu-1:hi", state] for state in states] == [2, 1, 1, 2]
+    assert ("conveyor_queue_paused", {"queue": "empty"}, 1.0) in by_name["conveyor_queue_paused"]
+
+
+def test_each_family_has_one_help_and_one_type_line_in_the_whole_body() -> None:
+    body = Metrics(busy_table(), workers=lambda: 0, connections=lambda: 0).render().decode()
+    types = [line.split()[2] for line in body.splitlines() if line.startswith("# TYPE ")]
+    helps = [line.split()[2] for line in body.splitlines() if line.startswith("# HELP ")]
+    assert len(types) == len(set(types)) == len(helps)
+    assert set(types) == set(helps)
+    # The table's part and prometheus_client's part are both there, and parse as one.
+    names = {name for name, *_ in families(body)}
+    assert {"conveyor_queue_jobs", "conveyor_jobs_enqueued", "conveyor_connections"} <= names
+    assert {"conveyor_push_latency_seconds", "conveyor_gc_pause_seconds", "python_info"} <= names
+
+
+def test_label_values_escape_backslash_quote_and_newline() -> None:
+    raw = 'a\\b"c\nd'
+    assert escape_label_value(raw) == 'a\\\\b\\"c\\nd'
+    assert escape_label_value("mail.out_eu-1:hi") == "mail.out_eu-1:hi"
+    line = f'm{{queue="{escape_label_value(raw)}"}} 1\n'
+    [family] = text_string_to_metric_families(line)
+    assert family.samples[0].labels == {"queue": raw}
+
+
+def test_a_scrape_within_a_second_gets_the_same_body_and_a_later_one_new_values() -> None:
+    table, _ = make_table()
+    clock = ManualClock()
+    workers = [1]
+    metrics = Metrics(table, workers=lambda: workers[0], connections=lambda: 1, clock=clock)
+    queue = table.queue("q")
+    queue.enqueue(1)
+    first = metrics.render()
+
+    queue.enqueue(2)
+    workers[0] = 4
+    clock.now += 0.999
+    assert metrics.render() is first  # cached: nothing re-read
+
+    clock.now += 0.002
+    fresh = samples(metrics.render())
+    assert fresh[("conveyor_queue_jobs", frozenset({"queue": "q", "state": "ready"}.items()))] == 2
+    assert fresh[("conveyor_jobs_enqueued_total", frozenset({"queue": "q"}.items()))] == 2
+    assert fresh[("conveyor_workers_connected", frozenset())] == 4
+
+
+def test_with_max_age_zero_every_scrape_renders() -> None:
+    table, _ = make_table()
+    clock = ManualClock()
+    metrics = Metrics(table, workers=lambda: 0, connections=lambda: 0, clock=clock, max_age_s=0)
+    metrics.render()
+    table.queue("new")
+    assert ("conveyor_queue_paused", frozenset({"queue": "new"}.items())) in samples(
+        metrics.render()
+    )
+
+
+def test_a_table_of_five_thousand_queues_renders_every_queue() -> None:
+    table, _ = make_table()
+    for i in range(5_000):
+        queue = table.queue(f"q{i}")
+        for _ in range(i % 3):
+            queue.enqueue(i)
+    body = Metrics(table, workers=lambda: 0, connections=lambda: 0).render()
+
+    got: dict[str, Any] = {name: found for name, _type, _help, found in families(body.decode())}
+    assert len(got["conveyor_queue_jobs"]) == 4 * 5_000
+    assert len(got["conveyor_queue_paused"]) == 5_000
+    enqueued = {labels["queue"]: value for _, labels, value in got["conveyor_jobs_enqueued"]}
+    assert len(enqueued) == 5_000
+    assert (enqueued["q0"], enqueued["q4001"], enqueued["q4999"]) == (0, 2, 1)
