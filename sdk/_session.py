@@ -148,6 +148,7 @@ class Session:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.hello: dict[str, Any] = {}
+        self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES  # see max_frame_bytes
         self.connected = asyncio.Event()
         self._ws: _Socket | None = None
         self._ready = False  # hello and on_connect done on the current socket
@@ -237,10 +238,7 @@ class Session:
         """The largest request frame the broker accepts: ``max_frame_bytes`` of the latest
         ``hello`` reply (the last one heard while reconnecting), the protocol's default
         before any."""
-        limit = self.hello.get("max_frame_bytes")
-        if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-            return limit
-        return DEFAULT_MAX_FRAME_BYTES
+        return self._max_frame_bytes
 
     def frame_size(self, op: str, fields: dict[str, Any]) -> int:
         """The bytes of the request frame ``op`` with ``fields`` takes, whatever its rid."""
@@ -550,6 +548,9 @@ class Session:
             if self.token is not None:
                 hello["token"] = self.token
             self.hello = await self.request("hello", hello, resend=False)
+            limit = self.hello.get("max_frame_bytes")
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+                self._max_frame_bytes = limit
             if self.on_connect is not None:
                 await self.on_connect(self)
             self._ready = True

@@ -21,8 +21,8 @@ reconnect the worker re-attaches the leases of running and not-yet-reported jobs
 
 Shutdown (``stop()``, SIGTERM or SIGINT): ``unsubscribe`` so nothing new arrives, let
 running handlers finish within ``shutdown_timeout_s``, then cancel the rest (their
-jobs lapse back to the broker after its disconnect grace) and close. A second signal
-cancels everything at once.
+jobs lapse back to the broker after its disconnect grace) and close the connection:
+``run()`` returns once it is closed. A second signal cancels everything at once.
 """
 
 from __future__ import annotations
