@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sdk._loop import LOOP_HELP, LOOPS, loop_problem
-from sdk._wire import Role
+from sdk._wire import DEFAULT_MAX_FRAME_BYTES, Role
 
 from .engine import InvalidArgument, JobTable, QueueOpts
 
@@ -51,7 +51,7 @@ class Config:
     tls_key: str | None = None
     ping_interval_s: float = 20.0
     ping_timeout_s: float = 20.0
-    max_frame_bytes: int = 1 << 20
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_payload_bytes: int = 1 << 20
     sweep_interval_s: float = 1.0
     disconnect_grace_s: float = 5.0
@@ -208,7 +208,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
         tls_key=_pick(args.tls_key, "TLS_KEY", str, None),
         ping_interval_s=_pick(args.ping_interval, "PING_INTERVAL", float, 20.0),
         ping_timeout_s=_pick(args.ping_timeout, "PING_TIMEOUT", float, 20.0),
-        max_frame_bytes=_pick(args.max_frame_bytes, "MAX_FRAME_BYTES", int, 1 << 20),
+        max_frame_bytes=_pick(
+            args.max_frame_bytes, "MAX_FRAME_BYTES", int, DEFAULT_MAX_FRAME_BYTES
+        ),
         max_payload_bytes=_pick(args.max_payload_bytes, "MAX_PAYLOAD_BYTES", int, 1 << 20),
         sweep_interval_s=_pick(args.sweep_interval, "SWEEP_INTERVAL", float, 1.0),
         disconnect_grace_s=_pick(args.disconnect_grace, "DISCONNECT_GRACE", float, 5.0),

@@ -17,8 +17,8 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import anyio.from_thread
 
-from ._errors import ConnectionFailed, InvalidArgument
-from ._session import EACH_BYTES, Session
+from ._errors import ConnectionFailed, InvalidArgument, TooLarge
+from ._session import EACH_BYTES, Session, split_to_fit
 from ._types import JobInfo
 from ._wire import WireError, encode_payload, raw_json
 
@@ -234,9 +234,12 @@ class Client:
     ) -> list[str]:
         """Store many jobs with the same options; return their ids in order.
 
-        Sent as ``enqueue_batch`` frames of up to 1,000 jobs, each all or nothing (a bad
+        Sent as ``enqueue_batch`` frames of up to 1,000 jobs, fewer when their frame would
+        be over the broker's ``max_frame_bytes``; each frame is all or nothing (a bad
         payload raises ``InvalidArgument`` naming ``jobs[i].payload`` and stores none of
-        its frame). Every job gets its own idempotency key, so resends store once.
+        its frame). A job too large for a frame of its own raises ``TooLarge`` naming
+        ``jobs[i].payload`` before any frame is sent. Every job gets its own idempotency
+        key, so resends store once.
         """
         options = _options(
             priority=priority,
@@ -252,12 +255,30 @@ class Client:
             for i, p in enumerate(payloads)
         ]
         ids: list[str] = []
-        for start in range(0, len(jobs), _BATCH):
-            reply = await self._call(
-                "enqueue_batch", queue=queue, jobs=jobs[start : start + _BATCH]
-            )
+        for batch in self._batches(queue, jobs):
+            reply = await self._call("enqueue_batch", queue=queue, jobs=batch)
             ids.extend(reply["ids"])
         return ids
+
+    def _batches(self, queue: str, jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+        """``jobs`` in ``enqueue_batch`` runs of at most ``_BATCH`` whose frames fit the
+        broker's ``max_frame_bytes``; raises ``TooLarge`` for a job that fits no frame."""
+        session = self._session
+        limit = session.max_frame_bytes
+
+        def fits(run: list[dict[str, Any]]) -> bool:
+            return session.frame_size("enqueue_batch", {"queue": queue, "jobs": run}) <= limit
+
+        batches: list[list[dict[str, Any]]] = []
+        for first in range(0, len(jobs), _BATCH):
+            for start, run in split_to_fit(jobs[first : first + _BATCH], fits):
+                if len(run) == 1 and not fits(run):
+                    size = session.frame_size("enqueue_batch", {"queue": queue, "jobs": run})
+                    refusal = session.too_large("enqueue_batch", size)
+                    field = f"jobs[{first + start}].payload"
+                    raise TooLarge(f"{field}: {refusal.message}", field=field)
+                batches.append(run)
+        return batches
 
     async def get_job(self, job_id: str) -> JobInfo | None:
         """The job's fields, or ``None`` when it is gone (acked, cancelled, purged)."""

@@ -6,25 +6,38 @@ drops it reconnects with exponential backoff and jitter, logging once when the o
 starts and once when it ends (not once per try), and resends every request that had no
 reply yet: enqueues carry an idempotency key, so a resent enqueue is stored once.
 
+No request frame goes out over the broker's ``max_frame_bytes`` (docs/protocol.md §2):
+such a request fails at once with ``TooLarge``, and the enqueues that share frames are
+split until each frame fits. Should the broker close with 1009 all the same, the largest
+request still unanswered on that socket fails with ``TooLarge`` instead of being resent.
+
 Requests may be many at once (pipelined); replies are matched by ``rid``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.protocol import State
 
-from ._errors import ConnectionFailed, ConveyorError, Unauthorized, error_from_reply
+from ._errors import ConnectionFailed, ConveyorError, TooLarge, Unauthorized, error_from_reply
 from ._socket import DirectReader, masked_text_frames, write_joined
-from ._wire import WireError, decode, encode
+from ._wire import (
+    CLOSE_MESSAGE_TOO_BIG,
+    DEFAULT_MAX_FRAME_BYTES,
+    INT_MAX,
+    WireError,
+    decode,
+    encode,
+)
 
 __all__ = ["Session"]
 
@@ -42,6 +55,11 @@ _MAX_INCOMING = 16 * 1024 * 1024
 # flight beat one large one: the broker works on one while we make the next.
 _EACH_JOBS = 16
 EACH_BYTES = 64 * 1024
+# Frames are measured for splitting with the widest rid a request may carry, so that a run
+# measured to fit still fits with whatever rid it is sent under.
+_WIDEST_RID = INT_MAX
+
+T = TypeVar("T")
 
 
 def _permanent(exc: ConveyorError) -> bool:
@@ -130,6 +148,7 @@ class Session:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self.hello: dict[str, Any] = {}
+        self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES  # see max_frame_bytes
         self.connected = asyncio.Event()
         self._ws: _Socket | None = None
         self._ready = False  # hello and on_connect done on the current socket
@@ -139,6 +158,13 @@ class Session:
         self._fatal: ConveyorError | None = None
         self._closing = False
         self._rng = random.Random()
+        self._wake = asyncio.Event()  # set by close(): ends a backoff wait at once
+        self._connecting: asyncio.Task[ClientConnection] | None = None
+        # The latest socket, kept after it is done with, so that close() can wait for its
+        # closing to finish even when run() was cancelled halfway through it.
+        self._socket: _Socket | None = None
+        self._running = False
+        self._ended = asyncio.Event()  # set when run() returns or raises
         self._out: list[bytes] = []  # frames waiting for the writer (see _send)
         self._writing = False
         # Enqueues waiting for the next enqueue_each frame (see enqueue).
@@ -183,7 +209,11 @@ class Session:
         if self._fatal is not None:
             result.set_exception(self._fatal)
             return result
-        rid, frame, future = self._register(op, fields, True)
+        try:
+            rid, frame, future = self._register(op, fields, True)
+        except TooLarge as exc:
+            result.set_exception(exc)
+            return result
 
         def answered(done: asyncio.Future[dict[str, Any]]) -> None:
             self._pending.pop(rid, None)
@@ -203,19 +233,49 @@ class Session:
             self._write_now(frame)
         return result
 
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest request frame the broker accepts: ``max_frame_bytes`` of the latest
+        ``hello`` reply (the last one heard while reconnecting), the protocol's default
+        before any."""
+        return self._max_frame_bytes
+
+    def frame_size(self, op: str, fields: dict[str, Any]) -> int:
+        """The bytes of the request frame ``op`` with ``fields`` takes, whatever its rid."""
+        return len(encode({"op": op, "rid": _WIDEST_RID, **fields}))
+
+    def too_large(self, op: str, size: int) -> TooLarge:
+        """The refusal of a request frame of ``size`` bytes, over ``max_frame_bytes``."""
+        return TooLarge(
+            f"{op} frame is {size:,} bytes; the broker accepts at most "
+            f"{self.max_frame_bytes:,} (max_frame_bytes)"
+        )
+
     def _register(
         self, op: str, fields: dict[str, Any], resend: bool
     ) -> tuple[int, bytes, asyncio.Future[dict[str, Any]]]:
-        """A new request, waiting in ``_pending`` for its reply (or its timeout)."""
+        """A new request, waiting in ``_pending`` for its reply (or its timeout).
+
+        Raises ``TooLarge``, registering nothing, when its frame is over
+        ``max_frame_bytes``: the broker would close the connection over it unread.
+        """
         rid = next(self._rids)
         frame = encode({"op": op, "rid": rid, **fields})
+        if len(frame) > self.max_frame_bytes:
+            raise self.too_large(op, len(frame))
+        return rid, frame, self._track(rid, frame, op, resend)
+
+    def _track(
+        self, rid: int, frame: bytes, op: str, resend: bool
+    ) -> asyncio.Future[dict[str, Any]]:
+        """Wait in ``_pending`` for the reply to ``frame`` (or its timeout)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[str, Any]] = loop.create_future()
         deadline = loop.time() + self.request_timeout
         self._pending[rid] = _Pending(frame, future, resend, op, deadline)
         if self._expiry is None:
             self._expiry = loop.call_at(deadline, self._expire)
-        return rid, frame, future
+        return future
 
     async def enqueue(self, job: dict[str, Any], size: int) -> str:
         """Store one job and return its id; raise the ``ConveyorError`` refusing it.
@@ -228,7 +288,9 @@ class Session:
         flight goes out at once, alone, in the caller's own step. Resent after a
         reconnect and timed out like ``request`` (the key makes a resend store the job
         once). A broker older than ``enqueue_each`` answers it ``unknown_op``: then this
-        and every later enqueue go as plain ``enqueue``.
+        and every later enqueue go as plain ``enqueue``. A job whose shared frame would
+        be over ``max_frame_bytes`` even alone goes as plain ``enqueue`` too, refused with
+        ``TooLarge`` if that frame is over it as well.
         """
         if self._fatal is not None:
             raise self._fatal
@@ -251,7 +313,7 @@ class Session:
                 self._ship_scheduled = True
                 loop.call_soon(self._ship)
             index, answer = await future
-            if index >= 0:  # (-1: the broker has no enqueue_each, see _answer)
+            if index >= 0:  # (-1: the broker has no enqueue_each, or the job fits no share)
                 error = answer.get("error")
                 if error is not None:
                     raise error_from_reply(_unnest(error, f"jobs[{index}]."))
@@ -272,7 +334,30 @@ class Session:
                 if not future.done():
                     future.set_exception(self._fatal)
             return
-        rid, frame, request = self._register("enqueue_each", {"jobs": jobs}, True)
+        rid = next(self._rids)
+        frame = encode({"op": "enqueue_each", "rid": rid, "jobs": jobs})
+        if len(frame) <= self.max_frame_bytes:
+            self._ship_frame(rid, frame, futures)
+            return
+        # Over the limit together: in runs that each fit. A job too large for a frame of
+        # its own goes on as plain `enqueue` (see enqueue), whose frame is a little smaller.
+        limit = self.max_frame_bytes
+        for start, run in split_to_fit(
+            jobs, lambda part: self.frame_size("enqueue_each", {"jobs": part}) <= limit
+        ):
+            shares = futures[start : start + len(run)]
+            if len(run) == 1 and self.frame_size("enqueue_each", {"jobs": run}) > limit:
+                if not shares[0].done():
+                    shares[0].set_result((-1, {}))
+                continue
+            rid = next(self._rids)
+            self._ship_frame(rid, encode({"op": "enqueue_each", "rid": rid, "jobs": run}), shares)
+
+    def _ship_frame(
+        self, rid: int, frame: bytes, futures: list[asyncio.Future[tuple[int, dict[str, Any]]]]
+    ) -> None:
+        """Send one ``enqueue_each`` frame, and hand its answers to the enqueues in it."""
+        request = self._track(rid, frame, "enqueue_each", True)
         request.add_done_callback(lambda done: self._answer(rid, done, futures))
         if self._ready:
             self._write_now(frame)
@@ -318,9 +403,12 @@ class Session:
                 future.set_exception(failure)
 
     def send_nowait(self, op: str, fields: dict[str, Any]) -> None:
-        """Fire and forget: no ``rid``, no reply on success, nothing resent on a reconnect."""
+        """Fire and forget: no ``rid``, no reply on success, nothing resent on a reconnect.
+        Raises ``TooLarge`` when the frame is over ``max_frame_bytes``."""
         if self._ready and self._ws is not None:
             frame = encode({"op": op, **fields})
+            if len(frame) > self.max_frame_bytes:
+                raise self.too_large(op, len(frame))
             asyncio.get_running_loop().create_task(self._send(frame))
 
     async def _send(self, frame: bytes) -> None:
@@ -360,19 +448,23 @@ class Session:
 
     async def run(self) -> None:
         """Connect and keep connected until ``close()``; raises only for a fatal refusal."""
+        self._running = True
+        self._ended.clear()
+        try:
+            await self._keep_connected()
+        finally:
+            self._running = False
+            self._ended.set()
+
+    async def _keep_connected(self) -> None:
         tries = 0
         outage_since: float | None = None
         loop = asyncio.get_running_loop()
         while not self._closing:
             try:
-                ws = await connect(
-                    self.url,
-                    additional_headers=self._headers(),
-                    open_timeout=self.connect_timeout,
-                    max_size=_MAX_INCOMING,
-                    compression=None,
-                    create_connection=_Socket,
-                )
+                ws = await self._connect()
+                if ws is None:
+                    return  # close() stopped the attempt
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in (401, 403, 404):
@@ -387,7 +479,7 @@ class Session:
                     outage_since = loop.time()
                     log.warning("cannot reach the broker at %s; retrying", self.url)
                 tries += 1
-                await asyncio.sleep(self._backoff(tries))
+                await self._nap(self._backoff(tries))
                 continue
             try:
                 await self._serve(ws, outage_since)
@@ -407,10 +499,48 @@ class Session:
                 outage_since = loop.time()
                 log.warning("lost the connection to the broker at %s; reconnecting", self.url)
                 tries += 1
-                await asyncio.sleep(self._backoff(tries))
+                await self._nap(self._backoff(tries))
 
-    async def _serve(self, ws: ClientConnection, outage_since: float | None) -> None:
+    async def _connect(self) -> _Socket | None:
+        """A new socket to the broker, or ``None`` when ``close()`` came first (it cancels
+        the attempt); raises what ``connect`` raises."""
+        if self._closing:
+            return None
+
+        async def opening() -> ClientConnection:
+            return await connect(
+                self.url,
+                additional_headers=self._headers(),
+                open_timeout=self.connect_timeout,
+                max_size=_MAX_INCOMING,
+                compression=None,
+                create_connection=_Socket,
+            )
+
+        connecting = asyncio.get_running_loop().create_task(opening())
+        self._connecting = connecting
+        try:
+            await asyncio.wait({connecting})
+        finally:
+            self._connecting = None
+            connecting.cancel()  # (when run() itself is cancelled while it waits)
+        if connecting.cancelled():
+            return None
+        ws = connecting.result()
         assert isinstance(ws, _Socket)  # connect() made it (create_connection)
+        self._socket = ws
+        if self._closing:  # close() came as the attempt ended
+            await ws.close()
+            return None
+        return ws
+
+    async def _nap(self, seconds: float) -> None:
+        """Wait ``seconds`` before the next try, or until ``close()``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+
+    async def _serve(self, ws: _Socket, outage_since: float | None) -> None:
         self._ws = ws
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
@@ -418,12 +548,14 @@ class Session:
             if self.token is not None:
                 hello["token"] = self.token
             self.hello = await self.request("hello", hello, resend=False)
+            limit = self.hello.get("max_frame_bytes")
+            if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+                self._max_frame_bytes = limit
             if self.on_connect is not None:
                 await self.on_connect(self)
             self._ready = True
-            for pending in sorted(self._pending.items()):
-                if pending[1].resend:
-                    await self._send(pending[1].frame)
+            for frame in self._resend():
+                await self._send(frame)
             self.connected.set()
             if outage_since is not None:
                 log.warning("reconnected to the broker at %s", self.url)
@@ -432,7 +564,41 @@ class Session:
             pass
         finally:
             reader.cancel()
+            if ws.close_code == CLOSE_MESSAGE_TOO_BIG and self._ready:
+                self._refuse_largest()
             await ws.close()
+
+    def _resend(self) -> list[bytes]:
+        """The frames of the requests to send again on a new socket, in the order first
+        sent. One over the new ``hello``'s ``max_frame_bytes`` fails with ``TooLarge``."""
+        frames = []
+        for _, pending in sorted(self._pending.items()):
+            if not pending.resend or pending.future.done():
+                continue
+            if len(pending.frame) > self.max_frame_bytes:
+                pending.future.set_exception(self.too_large(pending.op, len(pending.frame)))
+            else:
+                frames.append(pending.frame)
+        return frames
+
+    def _refuse_largest(self) -> None:
+        """The broker closed with 1009 over a frame of ours, larger than it takes though
+        within its ``hello``. That frame got no reply, so the largest request unanswered
+        is at least as large and would be refused again: fail it instead of resending it
+        (docs/protocol.md §11: "do not resend that frame"). Any other too large for the
+        broker fails the same way on a later close."""
+        unanswered = [p for p in self._pending.values() if p.resend and not p.future.done()]
+        if not unanswered:
+            return
+        largest = max(unanswered, key=lambda p: len(p.frame))
+        size = len(largest.frame)
+        largest.future.set_exception(
+            TooLarge(
+                f"{largest.op} frame is {size:,} bytes; the broker closed the connection "
+                f"over it (1009, message too big) though it announced max_frame_bytes "
+                f"{self.max_frame_bytes:,}"
+            )
+        )
 
     async def _read(self, ws: _Socket) -> None:
         """Handle the broker's frames as the socket reads them, until it closes."""
@@ -514,11 +680,31 @@ class Session:
                 pending.future.set_exception(exc)
 
     async def close(self) -> None:
-        """Stop reconnecting and close the socket (replies still due are lost)."""
+        """Stop reconnecting and close the socket (replies still due are lost).
+
+        Returns once the socket is closed (the closing handshake done, or the connection
+        dropped after websockets' close timeout) and ``run()`` is over, so the process
+        may exit at once: the broker is not left to find a half-open connection.
+        """
         self._closing = True
-        ws = self._ws
-        if ws is not None:
-            await ws.close()
+        self._wake.set()
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self._socket is not None:
+            await self._socket.close()
+        if self._running:
+            await self._ended.wait()
+
+
+def split_to_fit(items: list[T], fits: Callable[[list[T]], bool]) -> list[tuple[int, list[T]]]:
+    """``items`` cut into consecutive runs, each with the index it starts at: the whole
+    when it ``fits``, else each half cut the same way. A run of one is given even when it
+    does not fit, for the caller to refuse."""
+    if len(items) <= 1 or fits(items):
+        return [(0, items)]
+    half = len(items) // 2
+    tail = [(half + start, run) for start, run in split_to_fit(items[half:], fits)]
+    return [*split_to_fit(items[:half], fits), *tail]
 
 
 def _unnest(error: dict[str, Any], where: str) -> dict[str, Any]:

@@ -49,6 +49,7 @@ __all__ = [
     "CLOSE_POLICY_VIOLATION",
     "CLOSE_SERVICE_RESTART",
     "CLOSE_TRY_AGAIN_LATER",
+    "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_PREFETCH",
     "HEALTHZ_PATH",
     "INT_MAX",
@@ -115,6 +116,9 @@ INT_MAX: Final = 2**63 - 1
 #: Arrays and objects may nest at most this deep in a payload. It is orjson's encoding limit
 #: and the engine's ``MAX_PAYLOAD_DEPTH``, so any payload the broker stores can be re-encoded.
 MAX_PAYLOAD_DEPTH: Final = 254
+#: The largest frame a client may send when the broker's settings leave it alone; a
+#: client uses it until a ``hello`` reply announces the broker's own ``max_frame_bytes``.
+DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
 #: ``subscribe``'s ``prefetch`` when the request leaves it out.
 DEFAULT_PREFETCH: Final = 16
 

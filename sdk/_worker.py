@@ -21,8 +21,8 @@ reconnect the worker re-attaches the leases of running and not-yet-reported jobs
 
 Shutdown (``stop()``, SIGTERM or SIGINT): ``unsubscribe`` so nothing new arrives, let
 running handlers finish within ``shutdown_timeout_s``, then cancel the rest (their
-jobs lapse back to the broker after its disconnect grace) and close. A second signal
-cancels everything at once.
+jobs lapse back to the broker after its disconnect grace) and close the connection:
+``run()`` returns once it is closed. A second signal cancels everything at once.
 """
 
 from __future__ import annotations
@@ -146,9 +146,10 @@ class Worker:
     # -- running --------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Work until ``stop()`` or a signal. Raises ``InvalidArgument`` for a queue with no
-        handler (or a name the broker refuses), ``Unauthorized`` when the broker refuses the
-        token, ``Forbidden`` when the token lacks the work role."""
+        """Work until ``stop()`` or a signal; return once the connection to the broker is
+        closed. Raises ``InvalidArgument`` for a queue with no handler (or a name the
+        broker refuses), ``Unauthorized`` when the broker refuses the token, ``Forbidden``
+        when the token lacks the work role."""
         missing = [q for q in self.queues if q not in self._handlers]
         if not self.queues or missing:
             raise InvalidArgument(
@@ -177,6 +178,9 @@ class Worker:
                 await self._stop.wait()
                 if self._fatal is None:
                     await self._drain(session)
+                # Closed before the task group is cancelled, so the close is not cut short:
+                # run() returns with the socket closed, and the process may exit at once.
+                await session.close()
                 tg.cancel_scope.cancel()
         finally:
             for sig in signals:

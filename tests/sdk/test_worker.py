@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from websockets.protocol import State
 
 from broker.engine import QueueOpts
 from broker.server import Broker
@@ -476,3 +477,24 @@ async def test_a_worker_with_a_bad_queue_name_raises_invalid_argument(broker: Br
     with pytest.raises(InvalidArgument) as caught:
         await asyncio.wait_for(worker.run(), WAIT)
     assert caught.value.field == "queues[0]"
+
+
+async def test_run_returns_only_once_its_connection_is_closed(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    # A process may exit as soon as run() returns: nothing of the worker's connection
+    # may be left open for the broker to time out.
+    worker = make_worker(broker, "exit")
+
+    @worker.handler("exit")
+    async def handle(job: Job) -> None:
+        pass
+
+    async with running(worker, probe) as task:
+        (ours,) = [c.ws for c in broker.connections if c.client == worker.name]
+        # What the broker's end of the connection is when run() has just returned.
+        at_return: list[State] = []
+        task.add_done_callback(lambda _: at_return.append(ours.state))
+        worker.stop()
+        await asyncio.wait_for(asyncio.shield(task), WAIT)
+    assert at_return == [State.CLOSED]
