@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,16 @@ ClientFactory = Callable[..., Awaitable[RawClient]]
 
 
 BASE = Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0, store="memory")
+
+
+@pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail the test if the broker (or websockets on its behalf) logs an error."""
+    caplog.set_level(logging.INFO)
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r for r in records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
 
 
 @pytest.fixture

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -35,16 +33,6 @@ LIMITS = {
     "max_frame_bytes": 8192,
 }
 limited = with_config(**LIMITS)
-
-
-@pytest.fixture
-def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Fail the test if the broker (or websockets on its behalf) logs an error."""
-    caplog.set_level(logging.INFO)
-    yield
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    errors = [r for r in records if r.levelno >= logging.ERROR]
-    assert not errors, [r.getMessage() for r in errors]
 
 
 def request(op: str, **fields: Any) -> str:
