@@ -18,8 +18,8 @@ __all__ = [
     "MAX_ATTEMPTS_MAX",
     "MAX_ERROR_CHARS",
     "MAX_KEY_LEN",
-    "MAX_WORKER_ID_LEN",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_WORKER_ID_LEN",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "check_opts",
@@ -156,9 +156,7 @@ def key(value: object) -> str | None:
     if not isinstance(value, str):
         raise InvalidArgument("key", f"must be a string or null, got {type(value).__name__}")
     if len(value) > MAX_KEY_LEN:
-        raise InvalidArgument(
-            "key", f"must be at most {MAX_KEY_LEN} characters, got {len(value)}"
-        )
+        raise InvalidArgument("key", f"must be at most {MAX_KEY_LEN} characters, got {len(value)}")
     return _unicode("key", value) if value else None
 
 
