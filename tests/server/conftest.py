@@ -111,6 +111,16 @@ BASE = Config(port=0, disconnect_grace_s=0.0, sweep_interval_s=60.0, store="memo
 
 
 @pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail the test if the broker (or websockets on its behalf) logs an error."""
+    caplog.set_level(logging.INFO)
+    yield
+    records = caplog.get_records("setup") + caplog.get_records("call")
+    errors = [r for r in records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+@pytest.fixture
 def store_kind() -> str:
     """The store under the broker; modules about job flow run on both (``BOTH_STORES``)."""
     return "memory"
@@ -151,16 +161,6 @@ async def client(broker: Broker) -> AsyncIterator[ClientFactory]:
     yield open_client
     for ws in opened:
         await ws.close()
-
-
-@pytest.fixture
-def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Fail the test if the broker (or websockets on its behalf) logs an error."""
-    caplog.set_level(logging.INFO)
-    yield
-    records = caplog.get_records("setup") + caplog.get_records("call")
-    errors = [r for r in records if r.levelno >= logging.ERROR]
-    assert not errors, [r.getMessage() for r in errors]
 
 
 def stalled_socket(url: str) -> socket.socket:
