@@ -8,12 +8,16 @@ A real ``conveyor serve --store sqlite`` process (in a temp dir) is started the 
 
 1. quiet phase: SDK publishers (``Client``, enqueues with keys) and an SDK ``Worker``
    (acking every job) run alone for ``--quiet`` enqueues;
-2. hostile phase: the same normal traffic, while ``--connections`` raw connections send
+2. hostile phase: the same normal traffic, while ``--connections`` raw connections (in a
+   second process) send
    ``--frames`` hostile frames in all (garbage, bad JSON, lone surrogates, huge numbers,
    deep nesting, binary, unknown ops, real ops with bad arguments, frames over
    ``max_frame_bytes``), and a few more connections pipeline ``get_job`` of a big job
    without reading their replies. Each hostile connection reads what the broker sends
    and reconnects when it is closed (1008 for garbage in a row, 1009 for oversize).
+
+The hostile connections run in a process of their own, so that the normal clients'
+latency measures the broker, not a client loop busy with the hostile ones.
 
 The run stops by itself: when the frames are sent, or at ``--duration`` seconds. It
 reports whether the broker stayed up (and its exit status on SIGTERM), answered
@@ -29,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import random
 import statistics
 import sys
@@ -37,6 +42,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -361,14 +367,14 @@ async def quiet_phase(url: str, normal: Normal, settings: Settings) -> list[floa
     return latencies
 
 
-async def hostile_phase(
-    url: str, normal: Normal, tally: Tally, settings: Settings, big_id: str
-) -> tuple[list[float], list[int], bool]:
-    """Normal traffic beside the hostile connections, until the frames are sent or the
-    duration is up; the normal latencies, the stallers' close codes, whether it timed out."""
+async def hostile_traffic(
+    url: str, settings: Settings, big_id: str
+) -> tuple[Tally, list[int], bool]:
+    """The hostile connections and the stallers, until the frames are sent or the
+    duration is up; what they saw, the stallers' close codes, whether it timed out."""
     loop = asyncio.get_running_loop()
+    tally = Tally(budget=settings.frames)
     stop = asyncio.Event()
-    publishers = loop.create_task(run_publishers(url, normal, settings.publishers, stop))
     stallers = [
         loop.create_task(stalling_connection(url, big_id, settings.stall_gets, stop))
         for _ in range(settings.stallers)
@@ -385,9 +391,36 @@ async def hostile_phase(
     await asyncio.gather(*senders)
     tally.elapsed_s = time.monotonic() - started
     stop.set()
-    await publishers
     closes = await asyncio.gather(*stallers)
-    return normal.latencies, list(closes), timed_out
+    return tally, list(closes), timed_out
+
+
+def hostile_process(url: str, settings: Settings, big_id: str, out: Connection) -> None:
+    """The hostile side's process: ``hostile_traffic`` on a loop of its own."""
+    out.send(asyncio.run(hostile_traffic(url, settings, big_id)))
+    out.close()
+
+
+async def hostile_phase(
+    url: str, normal: Normal, settings: Settings, big_id: str
+) -> tuple[list[float], Tally, list[int], bool]:
+    """Normal traffic here while the hostile side runs in its own process; the normal
+    latencies and what ``hostile_traffic`` returned."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    publishers = loop.create_task(run_publishers(url, normal, settings.publishers, stop))
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=hostile_process, args=(url, settings, big_id, sender))
+    child.start()
+    sender.close()
+    try:
+        tally, closes, timed_out = await loop.run_in_executor(None, receiver.recv)
+    finally:
+        await loop.run_in_executor(None, child.join)
+        stop.set()
+        await publishers
+    return normal.latencies, tally, closes, timed_out
 
 
 async def count_lost(url: str, normal: Normal) -> int:
@@ -407,7 +440,6 @@ async def run(settings: Settings, tmp: Path) -> Report:
     """The whole soak; see the module docstring."""
     log_path = tmp / "broker.log"
     normal, rss = Normal(), Rss()
-    tally = Tally(budget=settings.frames)
     with log_path.open("ab") as log:
         broker = BrokerProcess(free_port(), tmp / "soak.db", 1.0, log)
         await broker.start()
@@ -419,8 +451,8 @@ async def run(settings: Settings, tmp: Path) -> Report:
                 async with Client(broker.url) as client:
                     big_id = await client.enqueue(BIG_QUEUE, BIG_PAYLOAD)
                 quiet = await quiet_phase(broker.url, normal, settings)
-                hostile, stall_closes, timed_out = await hostile_phase(
-                    broker.url, normal, tally, settings, big_id
+                hostile, tally, stall_closes, timed_out = await hostile_phase(
+                    broker.url, normal, settings, big_id
                 )
                 # The worker gets a while to see every answered job; get_job finds the rest.
                 await normal.wait_until(lambda: normal.answered <= normal.handled, DRAIN_S)
