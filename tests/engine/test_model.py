@@ -76,7 +76,7 @@ class ManualClock:
 
 @dataclass
 class MJob:
-    """A live row: the contract's job fields, plus the current lease and the engine's seq."""
+    """A live row: the job fields of JOB-3, plus the current lease and the engine's seq."""
 
     id: str
     queue: str
