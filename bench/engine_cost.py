@@ -3,8 +3,8 @@
     .venv/bin/python bench/engine_cost.py            # or: make bench
 
 For each operation it keeps the queue near the given depth, times rounds of 500 calls,
-and prints the median cost per call at each depth and their ratio (the contract asks
-for about 2x at most). Then the memory the engine holds per pending job (tracemalloc),
+and prints the median cost per call at each depth and their ratio (``docs/contract.md``,
+CST-3, asks for about 2x at most). Then the memory the engine holds per pending job (tracemalloc),
 with a 100-byte payload as the broker stores it (raw JSON bytes). Timings on a shared
 machine are noisy: compare the ratio printed in one run, not absolute times across runs.
 """

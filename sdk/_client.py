@@ -67,7 +67,7 @@ def _finite(name: str, value: Any) -> Any:
 
 class _AutoKeys:
     """Keys for enqueues that bring none, so that a resend after a lost reply is stored
-    once (contract: "key"); the key shows as the job's key.
+    once (``docs/contract.md``, ENQ-10); the key shows as the job's key.
 
     A random 128-bit prefix per process (made again after a fork) and a counter: unique
     like a uuid4 per key, at a tenth of the cost, which a busy publisher noticed.
@@ -183,7 +183,8 @@ class Client:
         backoff_base_s: float | None = None,
         key: str | None = None,
     ) -> str:
-        """Store one job; return its id. Options as in the job contract; ``None``: not set.
+        """Store one job; return its id. Options as in ``docs/contract.md`` (ENQ-2 to
+        ENQ-9); ``None``: not set.
 
         Without a ``key`` the SDK makes one, so that a request resent after a lost reply
         is stored once. Enqueues made concurrently (tasks, or a ``SyncClient``'s threads)

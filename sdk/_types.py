@@ -14,7 +14,8 @@ __all__ = ["Fail", "Job", "JobInfo", "Retry"]
 
 @dataclass(frozen=True, slots=True)
 class JobInfo:
-    """A job as ``Client.get_job`` sees it: the contract's fields, read-only."""
+    """A job as ``Client.get_job`` sees it: the fields of ``docs/contract.md`` JOB-3,
+    read-only."""
 
     id: str
     queue: str

@@ -11,7 +11,7 @@ What lives here, in the order a frame meets it:
 - :func:`validate_request` checks the envelope (``rid``, ``op``) and then the op's fields
   against :data:`OPS`, the declarative table of operations (docs/protocol.md,
   "Operations"). It checks shape and types only; ranges, queue-name syntax and the other
-  semantic guards are the engine's (the job contract's "Guards") or the broker's
+  semantic guards are the engine's (``docs/contract.md``, ENQ-9, LIM-*) or the broker's
   (``prefetch`` against ``max_prefetch``), and are not repeated here. A broker that wants
   to check roles before fields calls :func:`parse_envelope`, checks
   :meth:`OpSpec.allows`, then :func:`validate_fields`.
@@ -305,7 +305,7 @@ def raw_json(data: bytes | str) -> Any:
 
 
 def encode_payload(value: Any, *, max_bytes: int | None = None, field: str = "payload") -> bytes:
-    """A job payload as strict JSON bytes, checked the way the job contract demands.
+    """A job payload as strict JSON bytes, checked as ``docs/contract.md`` ENQ-9 demands.
 
     Use it for every payload that came from a caller (the SDK's ``enqueue``), then splice
     the bytes into the frame with :func:`raw_json`, so a payload is encoded once and nested
@@ -527,8 +527,8 @@ _ID = Field("id", Kind.STRING, required=True)
 _LEASE = Field("lease", Kind.STRING, required=True)
 _QUEUE = Field("queue", Kind.STRING, required=True)
 _ERROR = Field("error", Kind.STRING)
-# The contract's per-job options ("Options and their resolution"); None means "not set",
-# so the queue's option or the plain default applies. Ranges are the engine's to check.
+# The per-job options of docs/contract.md (ENQ-2); None means "not set", so the queue's
+# option or the plain default applies. Ranges are the engine's to check.
 _JOB_OPTIONS = (
     Field("priority", Kind.INTEGER, default=0),
     Field("delay_s", Kind.NUMBER),
@@ -1006,7 +1006,8 @@ class ClaimSnapshot(Protocol):
 
 
 #: The members of a job object in a ``get_job`` reply, in order (docs/protocol.md, "get_job").
-#: The contract's fields, less the lease (a worker's secret) and ``seq`` (internal).
+#: The fields of docs/contract.md JOB-3, less the lease (a worker's secret) and ``seq``
+#: (internal).
 JOB_INFO_FIELDS: Final = (
     "id",
     "queue",

@@ -466,7 +466,7 @@ def test_subscribe_shape() -> None:
 
 
 def test_ranges_are_not_checked_here() -> None:
-    # Ranges belong to the engine (the contract's guards) or the broker (max_prefetch).
+    # Ranges belong to the engine (docs/contract.md, ENQ-9) or the broker (max_prefetch).
     frame = {
         "op": "enqueue",
         "queue": "not a valid name!",

@@ -1,6 +1,7 @@
-"""The job table engine: every rule of the job contract, with no I/O.
+"""The job table engine: every rule of the job contract (``docs/contract.md``), no I/O.
 
-No module here imports a network, event-loop or clock library (a test enforces it).
+No module here imports a network, event-loop or clock library (TIM-2; a test enforces
+it).
 Time enters through the injected ``clock`` and randomness through ``rng``; the engine
 tells its driver when it next needs attention (``JobTable.next_event_at()``).
 

@@ -6,7 +6,7 @@ Its ``field`` names the offending argument (``"priority"``, ``"jobs[3].delay_s"`
 its message starts with that name. A call that raises has changed nothing.
 
 A failed *validity predicate* (a lapsed or foreign lease, an unknown id) is never an
-exception: those operations answer ``False`` or ``None``, as the contract says.
+exception: those operations answer ``False`` or ``None`` (``docs/contract.md``, HND-2).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ __all__ = ["InvalidArgument", "PayloadTooLarge"]
 
 
 class InvalidArgument(ValueError):
-    """An argument broke a guard of the contract; nothing was changed."""
+    """An argument broke a guard (``docs/contract.md``, ENQ-7); nothing was changed."""
 
     code = "invalid_argument"
 

@@ -1,4 +1,4 @@
-"""Argument guards (contract, "Options and their resolution").
+"""Argument guards and limits (``docs/contract.md``, ENQ-7 to ENQ-9 and LIM-1 to LIM-6).
 
 Each guard returns the value in its stored form or raises ``InvalidArgument`` naming
 the field. A bool is never a number here, although Python says ``True == 1``.
@@ -39,15 +39,16 @@ __all__ = [
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 # Every integer the table stores fits a signed 32- or 64-bit column, whatever a caller
-# passes: a value no store can hold must be refused here, not fail a commit later.
+# passes: a value no store can hold must be refused here, not fail a commit later (LIM-4).
 MAX_ATTEMPTS_MAX = 2**31 - 1
 MAX_KEY_LEN = 1024
 MAX_WORKER_ID_LEN = 256
 # A longer error string is cut to this many characters (and marked so): an error is
-# kept with its job and shown on the dashboard, a traceback of any length is not refused.
+# kept with its job and shown on the dashboard, a traceback of any length is not refused
+# (LIM-3).
 MAX_ERROR_CHARS = 4096
 # orjson, which decodes every frame, refuses deeper nesting than this, so deeper
-# payloads could not travel anyway; refusing them here keeps the walk bounded.
+# payloads could not travel anyway; refusing them here keeps the walk bounded (LIM-6).
 MAX_PAYLOAD_DEPTH = 254
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -59,7 +60,7 @@ def _describe(value: object) -> str:
 
 
 def finite(field: str, value: object) -> float:
-    """A real number (int or float, never bool) that is finite."""
+    """A real number (int or float, never bool: ENQ-8) that is finite."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(field, f"must be a number, got {type(value).__name__}")
     try:
@@ -88,7 +89,7 @@ def positive(field: str, value: object) -> float:
 
 
 def positive_int(field: str, value: object, limit: int = MAX_ATTEMPTS_MAX) -> int:
-    """An int in ``[1, limit]`` (never a bool, never a float)."""
+    """An int in ``[1, limit]`` (never a bool, never a float; LIM-4 for ``max_attempts``)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(field, f"must be an int, got {type(value).__name__}")
     if value < 1:
@@ -99,7 +100,7 @@ def positive_int(field: str, value: object, limit: int = MAX_ATTEMPTS_MAX) -> in
 
 
 def priority(value: object) -> int:
-    """An int in [-2**31, 2**31 - 1]."""
+    """An int in [-2**31, 2**31 - 1] (JOB-3, ENQ-9)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument("priority", f"must be an int, got {type(value).__name__}")
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
@@ -115,7 +116,7 @@ def optional(check: Any, field: str, value: object) -> Any:
 
 
 def queue_name(value: object) -> str:
-    """1 to 128 characters, each a letter, a digit or one of ``. _ - :``."""
+    """1 to 128 characters, each a letter, a digit or one of ``. _ - :`` (JOB-3)."""
     if not isinstance(value, str):
         raise InvalidArgument("queue", f"must be a string, got {type(value).__name__}")
     if not _QUEUE_NAME.fullmatch(value):
@@ -129,7 +130,7 @@ def queue_name(value: object) -> str:
 def _unicode(field: str, value: str) -> str:
     """``value`` if it is valid Unicode text: no lone surrogate, which no store (and no
     JSON encoder) can write. Frames cannot carry one (the decoder refuses them); this is
-    for callers of the table itself."""
+    for callers of the table itself (LIM-5)."""
     if not value.isascii():
         try:
             value.encode("utf-8")
@@ -139,7 +140,7 @@ def _unicode(field: str, value: str) -> str:
 
 
 def worker_id(value: object) -> str:
-    """A string of 1 to ``MAX_WORKER_ID_LEN`` characters."""
+    """A string of 1 to ``MAX_WORKER_ID_LEN`` characters (CLM-9, LIM-2)."""
     if not isinstance(value, str) or not value:
         raise InvalidArgument("worker_id", f"must be a non-empty string, got {_describe(value)}")
     if len(value) > MAX_WORKER_ID_LEN:
@@ -150,7 +151,8 @@ def worker_id(value: object) -> str:
 
 
 def key(value: object) -> str | None:
-    """``None``, or a string of at most ``MAX_KEY_LEN`` characters; ``""`` means no key."""
+    """``None``, or a string of at most ``MAX_KEY_LEN`` characters; ``""`` means no key
+    (LIM-1)."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -162,7 +164,8 @@ def key(value: object) -> str | None:
 
 def error_text(field: str, value: object) -> str | None:
     """An error string; ``None`` and ``""`` both mean "no error given". A string over
-    ``MAX_ERROR_CHARS`` characters is cut to that length, its end marked with "..."."""
+    ``MAX_ERROR_CHARS`` characters is cut to that length, its end marked with "..." (HND-4,
+    LIM-3)."""
     if value is None:
         return None
     if not isinstance(value, str):
@@ -173,7 +176,8 @@ def error_text(field: str, value: object) -> str | None:
 
 
 def check_opts(opts: object) -> QueueOpts:
-    """A ``QueueOpts`` whose every field is in range, numbers stored as floats."""
+    """A ``QueueOpts`` whose every field is in range, numbers stored as floats (ENQ-3,
+    ENQ-4, ENQ-9)."""
     if not isinstance(opts, QueueOpts):
         raise InvalidArgument("opts", f"must be a QueueOpts, got {type(opts).__name__}")
     base = nonneg("backoff_base_s", opts.backoff_base_s)
@@ -219,7 +223,7 @@ def _check_json(value: object) -> None:
 
 
 def encode_payload(payload: object, limit: int) -> bytes:
-    """The payload as compact UTF-8 JSON bytes, at most ``limit`` bytes long."""
+    """The payload as compact UTF-8 JSON bytes, at most ``limit`` bytes long (ENQ-9)."""
     if isinstance(payload, RawJSON):
         data = payload.data
         if not isinstance(data, bytes):

@@ -1,4 +1,4 @@
-"""The job table: every state transition of the contract, in this one module.
+"""The job table: every state transition of ``docs/contract.md``, in this one module.
 
 Theory of operation
 -------------------
@@ -10,8 +10,8 @@ strings). Each ``Queue`` keeps its rows in exactly one place per state:
   were ready when enqueued, one first-in-first-out line per priority (arrival order is
   claim order there: see ``Fifo``); ``_ready`` is a heap keyed ``(-priority, ready
   time, seq)`` of the rest: retried, redriven and matured pending rows, and processing
-  rows whose lease has lapsed (their ready time is the lapsed ``deadline``: contract,
-  "Claiming"). A claim takes the smaller head of the two.
+  rows whose lease has lapsed (their ready time is the lapsed ``deadline``: CLM-6). A
+  claim takes the smaller head of the two.
 * ``_scheduled``: a heap keyed ``(ready_at, seq)`` of pending rows not yet ready.
 * ``_leases``: processing rows keyed ``(deadline, seq)``, in a ``Line`` (a heap with
   a first-in-first-out fast lane for deadlines that come in order, as those of one
@@ -25,8 +25,8 @@ strings). Each ``Queue`` keeps its rows in exactly one place per state:
 
 Nothing moves on its own. Every public operation reads the injected clock once and
 first calls ``_advance(now)``, which moves matured scheduled rows and lapsed leases
-into ``_ready``, each exactly once. Counters change with every transition, so
-``stats()`` never walks rows. Removal from a heap is lazy (see ``_heap``).
+into ``_ready``, each exactly once (CST-2). Counters change with every transition, so
+``stats()`` never walks rows (CST-4). Removal from a heap is lazy (see ``_heap``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ class JobHandle:
 
     ``ack``, ``retry``, ``fail`` and ``heartbeat`` answer ``False`` when the lease is no
     longer valid (lapsed, already used, or the job cancelled or dead) and change nothing
-    then; they raise ``InvalidArgument`` only for a bad argument.
+    then; they raise ``InvalidArgument`` only for a bad argument (``docs/contract.md``,
+    HND-1 to HND-3, HND-9).
     """
 
     __slots__ = (
@@ -203,19 +204,20 @@ class JobHandle:
         return job
 
     def ack(self) -> bool:
-        """The job is done: it is deleted."""
+        """The job is done: it is deleted (HND-5)."""
         return self._queue._ack(self._row, self.lease, self._queue._table._now())
 
     def retry(self, error: str | None = None, delay_s: float | None = None) -> bool:
-        """Back to pending after ``delay_s`` (or the backoff curve), or dead if used up."""
+        """Back to pending after ``delay_s`` (or the backoff curve), or dead if used up
+        (HND-6)."""
         return self._queue._retry(self._row, self.lease, error, delay_s)
 
     def fail(self, error: str | None = None) -> bool:
-        """Dead at once, with ``error`` or ``"failed"`` as its last error."""
+        """Dead at once, with ``error`` or ``"failed"`` as its last error (HND-7)."""
         return self._queue._fail(self._row, self.lease, error)
 
     def heartbeat(self) -> bool:
-        """Extend the lease to now + visibility timeout (an absolute reset)."""
+        """Extend the lease to now + visibility timeout (an absolute reset: HND-8)."""
         return self._queue._heartbeat(self._row, self.lease)
 
     def __repr__(self) -> str:
@@ -287,7 +289,7 @@ class Queue:
         return self._paused
 
     def pause(self) -> None:
-        """Stop handing out jobs from this queue; nothing else changes."""
+        """Stop handing out jobs from this queue; nothing else changes (OPS-4)."""
         self._paused = True
         self._table._touch_queue(self)
 
@@ -311,7 +313,7 @@ class Queue:
         backoff_base_s: float | None = None,
         key: str | None = None,
     ) -> str:
-        """Store a job and return its id.
+        """Store a job and return its id (``docs/contract.md``, ENQ-2 to ENQ-10).
 
         With a ``key`` that a live job of this queue already carries, return that job's
         id and change nothing. Raises ``InvalidArgument`` (nothing changed) for a bad
@@ -333,7 +335,7 @@ class Queue:
         return self._insert(resolved, self._table._now())
 
     def enqueue_batch(self, jobs: Sequence[NewJob]) -> list[str]:
-        """Store every job of ``jobs`` or none: all are checked before any is stored.
+        """Store every job of ``jobs`` or none: all are checked before any is stored (ENQ-11).
 
         Returns the ids in order (a job whose key is taken, by a stored job or by an
         earlier one of the batch, gets that job's id). A bad job raises
@@ -374,7 +376,8 @@ class Queue:
         backoff_base_s: Any,
         key: Any,
     ) -> tuple[Any, ...]:
-        """Check every option of one job and resolve it against the queue's (no change)."""
+        """Check every option of one job and resolve it against the queue's (no change:
+        ENQ-2, ENQ-7)."""
         opts = self._opts
         prio = guard.priority(priority)
         # (Each unset option is tested here rather than in guard.optional: most jobs set
@@ -424,7 +427,7 @@ class Queue:
             existing = self._keys.get(key)
             if existing is not None:
                 return table._format_id(existing.seq)
-        if delay_s is not None:
+        if delay_s is not None:  # ENQ-5
             ready_at = now + delay_s
         elif run_at is not None:
             ready_at = run_at if run_at > now else now
@@ -465,11 +468,15 @@ class Queue:
         return handles[0] if handles else None
 
     def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
-        """Hand out up to ``n`` claimable jobs in contract order; ``n <= 0`` hands out none.
+        """Hand out up to ``n`` claimable jobs in order; ``n <= 0`` hands out none.
 
-        Rows the claim meets that have expired or used up their attempts die in it and
-        the claim goes on. Raises ``InvalidArgument`` for an empty ``worker_id``
-        (checked first) or a non-int ``n``.
+        ``docs/contract.md``, "Claiming": claimable rows (CLM-2) in order (CLM-6), each
+        claim counting an attempt (CLM-7). A reclaim consumes an attempt (CLM-3): a lapsed
+        row whose attempts are used up is not handed out but dies here, and so does an
+        expired row (CLM-4); the claim then goes on with the next row (CLM-5).
+
+        Raises ``InvalidArgument`` for an empty ``worker_id`` (checked first) or a non-int
+        ``n`` (CLM-9).
         """
         guard.worker_id(worker_id)
         if isinstance(n, bool) or not isinstance(n, int):
@@ -485,7 +492,7 @@ class Queue:
         leased = table._leased
         prefix = table.id_prefix
         while len(handles) < n:
-            # The next row in contract order: the heap's top or a fresh line's head.
+            # The next row in claim order (CLM-6): the heap's top or a fresh line's head.
             entry = ready.top()
             row: _Row | None = fresh.top()
             if row is not None and (
@@ -508,7 +515,7 @@ class Queue:
             if row.expires_at is not None and now >= row.expires_at:
                 self._kill(row, EXPIRED, now)
                 continue
-            if row.attempts >= row.max_attempts:
+            if row.attempts >= row.max_attempts:  # CLM-3: the lapsed lease used the last one
                 self._kill(row, MAX_ATTEMPTS_EXCEEDED, now)
                 continue
             row.state = PROCESSING
@@ -533,7 +540,7 @@ class Queue:
     # -- lease operations -----------------------------------------------------------------
 
     def _valid(self, row: _Row, lease: str, now: float) -> bool:
-        """The contract's validity predicate (the row's existence is the caller's look-up)."""
+        """The validity predicate, HND-1 (the row's existence is the caller's look-up)."""
         return (
             row.state is PROCESSING
             and row.lease == lease
@@ -570,7 +577,7 @@ class Queue:
         return True
 
     def _backoff(self, row: _Row) -> float:
-        """The equal-jitter delay for the claim being retried (contract, "The retry curve")."""
+        """The equal-jitter delay for the claim being retried (RTY-2 to RTY-4)."""
         exponent = min(row.attempts - 1, _MAX_EXPONENT)
         exp = min(row.backoff_max_s, row.backoff_base_s * 2.0**exponent)
         return exp / 2 + self._table._rng.random() * (exp / 2)
@@ -606,7 +613,7 @@ class Queue:
         return True
 
     def ack_batch(self, items: Iterable[tuple[str, str]]) -> int:
-        """Ack each ``(job_id, lease)`` on its own; return how many landed."""
+        """Ack each ``(job_id, lease)`` on its own; return how many landed (HND-10)."""
         landed = 0
         now = self._table._now()
         for job_id, lease in items:
@@ -622,7 +629,8 @@ class Queue:
         return row if row is not None and row.queue is self else None
 
     def get_job(self, job_id: str) -> Job | None:
-        """A snapshot of the job, or ``None`` when it is gone or of another queue."""
+        """A snapshot of the job, or ``None`` when it is gone or of another queue (OPS-1,
+        OPS-3)."""
         row = self._row(job_id)
         if row is None:
             return None
@@ -630,7 +638,8 @@ class Queue:
         return self._table._snapshot(row)
 
     def cancel(self, job_id: str) -> bool:
-        """Delete the job in whatever state; ``True`` if it existed. Its lease dies with it."""
+        """Delete the job in whatever state; ``True`` if it existed. Its lease dies with it
+        (OPS-2)."""
         row = self._row(job_id)
         if row is None:
             return False
@@ -640,7 +649,7 @@ class Queue:
         return True
 
     def redrive(self, job_id: str) -> bool:
-        """Put a dead job back to pending: attempts 0, ready now, ``last_error`` kept."""
+        """Put a dead job back to pending: attempts 0, ready now, ``last_error`` kept (OPS-5)."""
         row = self._row(job_id)
         if row is None or row.state is not DEAD:
             return False
@@ -675,7 +684,7 @@ class Queue:
         return page
 
     def purge_dead(self) -> int:
-        """Delete every dead job of this queue; return how many."""
+        """Delete every dead job of this queue; return how many (OPS-6)."""
         rows = list(self._dead.values())
         for row in rows:
             self._delete(row)
@@ -684,7 +693,8 @@ class Queue:
     # -- time-driven work -----------------------------------------------------------------
 
     def sweep_expired(self) -> SweepResult:
-        """Kill expired and used-up lapsed rows, delete dead rows past retention."""
+        """Kill expired and used-up lapsed rows, delete dead rows past retention (DLQ-2 to
+        DLQ-5)."""
         now = self._table._now()
         self._advance(now)
         expired = exhausted = purged = 0
@@ -712,7 +722,7 @@ class Queue:
         return SweepResult(expired, exhausted, purged)
 
     def stats(self) -> QueueStats:
-        """Counts by state and running totals, read from counters."""
+        """Counts by state and running totals, read from counters (CST-4)."""
         self._advance(self._table._now())
         return QueueStats(
             ready=self._n_ready,
@@ -782,7 +792,8 @@ class Queue:
         return None
 
     def _advance(self, now: float) -> None:
-        """Move matured scheduled rows and lapsed leases into ``_ready``, each once."""
+        """Move matured scheduled rows and lapsed leases into ``_ready``, each once (CLM-2,
+        CST-2); note a lapsed row with its attempts used up for the sweep (DLQ-3)."""
         scheduled = self._scheduled
         ready = self._ready
         while (entry := scheduled.top()) is not None and entry[0] <= now:
@@ -822,7 +833,7 @@ class Queue:
             del self._dead[row.seq]
 
     def _kill(self, row: _Row, error: str, now: float) -> None:
-        """Move an unlinked row to dead (contract, "Dead letters")."""
+        """Move an unlinked row to dead (DLQ-1)."""
         self._table._touch(row)
         if row._exp_entry is not None:
             self._expiry.forget(row)
@@ -852,7 +863,7 @@ _HEX_DIGITS = "0123456789abcdef"
 
 
 class JobTable:
-    """The in-memory job table (contract: "The job contract").
+    """The in-memory job table: the rules of ``docs/contract.md``.
 
     ``clock`` returns now in seconds (default: the wall clock); ``rng`` draws the retry
     jitter and nothing else. ``id_prefix`` starts every job id (default: random, so ids
@@ -903,7 +914,7 @@ class JobTable:
     # -- queues ---------------------------------------------------------------------------
 
     def queue(self, name: str, opts: QueueOpts | None = None) -> Queue:
-        """The queue called ``name``, made on first use.
+        """The queue called ``name``, made on first use (ENQ-3).
 
         With ``opts``, they replace the queue's options for later enqueues (stored jobs
         keep theirs). Raises ``InvalidArgument`` for a bad name or bad options.
@@ -969,7 +980,7 @@ class JobTable:
     ) -> bool:
         row = self._claimed(job_id, lease)
         if row is None:
-            # The guards hold for unknown ids too: a bad argument is never "False".
+            # The guards hold for unknown ids too: a bad argument is never "False" (HND-3).
             guard.optional(guard.nonneg, "delay_s", delay_s)
             guard.error_text("error", error)
             return False
@@ -987,21 +998,22 @@ class JobTable:
         return row is not None and row.queue._heartbeat(row, lease)
 
     def lapse(self, job_id: str, lease: str) -> bool:
-        """End a valid lease now: the job is reclaimable at once, its attempt consumed."""
+        """End a valid lease now: the job is reclaimable at once, its attempt consumed
+        (HND-11)."""
         row = self._claimed(job_id, lease)
         return row is not None and row.queue._lapse(row, lease)
 
     # -- time-driven work -----------------------------------------------------------------
 
     def sweep_expired(self) -> SweepResult:
-        """``sweep_expired()`` on every queue, summed."""
+        """``sweep_expired()`` on every queue, summed (DLQ-5)."""
         total = SweepResult()
         for queue in self._queues.values():
             total = total + queue.sweep_expired()
         return total
 
     def next_event_at(self) -> float | None:
-        """The earliest time anything timed happens, or ``None`` if nothing is timed.
+        """The earliest time anything timed happens, or ``None`` if nothing is timed (TIM-4).
 
         That is the earliest of: a scheduled job maturing, a lease lapsing, a job
         expiring, a dead row's retention ending. A time at or before now means a sweep

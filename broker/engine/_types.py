@@ -32,7 +32,7 @@ class JobState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class QueueOpts:
-    """A queue's defaults for the jobs enqueued on it (contract, "Options").
+    """A queue's defaults for the jobs enqueued on it (``docs/contract.md``, ENQ-1 to ENQ-4).
 
     Checked by ``JobTable.queue()``, which raises ``InvalidArgument`` for a bad one.
     """
@@ -73,7 +73,8 @@ class NewJob:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """A snapshot of one job, with the contract's fields. Changing it changes nothing."""
+    """A snapshot of one job, with the fields of ``docs/contract.md`` JOB-3 (OPS-3: changing
+    it changes nothing)."""
 
     id: str
     queue: str

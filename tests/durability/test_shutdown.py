@@ -40,7 +40,8 @@ async def test_a_stop_commits_the_lapses_of_the_connections_it_closed(
     stopped_at = time.time()
     async with running_broker(replace(config, disconnect_grace_s=60.0)) as again:
         # The lapse was committed: the lease ended at the stop, so the job is
-        # reclaimable at once (contract: it is counted "processing" until reclaimed).
+        # reclaimable at once (docs/contract.md, CLM-2 and HND-11: it is counted
+        # "processing" until reclaimed).
         job = again.table.get_job(job_id)
         assert job is not None and job.attempts == 1
         assert job.deadline is not None and job.deadline <= stopped_at

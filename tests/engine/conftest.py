@@ -1,4 +1,5 @@
-"""Fixtures for the engine's contract tests: a manual clock and a seeded table.
+"""Fixtures for the engine's contract tests (``docs/contract.md``): a manual clock and a
+seeded table.
 
 The ``table`` fixture is the conformance suite's seam: every contract test runs once
 on the in-memory table and once on a table kept in SQLite. In the SQLite run, each time
@@ -23,7 +24,8 @@ START = 1000.0
 
 
 class ManualClock:
-    """A clock the test drives by hand. It stands still until told to move, never backwards."""
+    """A clock the test drives by hand. It stands still until told to move, never backwards
+    (TIM-1, TIM-3)."""
 
     def __init__(self, now: float = START) -> None:
         self.now = now

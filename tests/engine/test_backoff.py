@@ -1,4 +1,4 @@
-"""Contract, "The retry curve: equal jitter", against a seeded random.Random."""
+"""``docs/contract.md``, "The retry curve" (RTY-1 to RTY-4), against a seeded random.Random."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def retry_once(table: JobTable, clock: ManualClock, queue: str) -> tuple[int, fl
 
 
 def test_equal_jitter_numbers_with_cap(table: JobTable, clock: ManualClock) -> None:
+    # Contract: RTY-2, RTY-3.
     table.queue("q", QueueOpts(backoff_base_s=2, backoff_max_s=20, max_attempts=10)).enqueue(1)
     ref = random.Random(1234)
     for attempts, exp in zip(range(1, 7), [2, 4, 8, 16, 20, 20], strict=True):
@@ -42,6 +43,7 @@ def test_equal_jitter_numbers_with_cap(table: JobTable, clock: ManualClock) -> N
 def test_first_retry_on_plain_defaults_draws_from_base_half_to_base(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: RTY-3, ENQ-1.
     table.queue("q").enqueue(1)
     ref = random.Random(1234)
     before = clock()
@@ -51,6 +53,7 @@ def test_first_retry_on_plain_defaults_draws_from_base_half_to_base(
 
 
 def test_curve_uses_the_jobs_stamped_backoff(table: JobTable, clock: ManualClock) -> None:
+    # Contract: RTY-2, ENQ-2.
     q = table.queue("q", QueueOpts(backoff_base_s=2, backoff_max_s=20))
     q.enqueue(1, backoff_base_s=8)
     table.queue("q", QueueOpts(backoff_base_s=1, backoff_max_s=1))  # later re-opts: no effect
@@ -61,6 +64,7 @@ def test_curve_uses_the_jobs_stamped_backoff(table: JobTable, clock: ManualClock
 
 
 def test_no_overflow_for_many_attempts(table: JobTable, clock: ManualClock) -> None:
+    # Contract: RTY-4.
     q = table.queue("q", QueueOpts(backoff_base_s=0.001, backoff_max_s=0.004, max_attempts=5000))
     q.enqueue(1)
     ref = random.Random(1234)
@@ -77,6 +81,7 @@ def test_no_overflow_for_many_attempts(table: JobTable, clock: ManualClock) -> N
 
 
 def test_zero_base_stays_zero_for_many_attempts(table: JobTable, clock: ManualClock) -> None:
+    # Contract: RTY-4.
     q = table.queue("q", QueueOpts(backoff_base_s=0, backoff_max_s=1, max_attempts=5000))
     job_id = q.enqueue(1)
     for _ in range(1100):
@@ -91,6 +96,7 @@ def test_zero_base_stays_zero_for_many_attempts(table: JobTable, clock: ManualCl
 def test_exactly_one_draw_per_curve_retry(
     table: JobTable, clock: ManualClock, rng: random.Random
 ) -> None:
+    # Contract: RTY-1.
     ref = random.Random(1234)
     q = table.queue("q", QueueOpts(max_attempts=3, visibility_timeout_s=10))
     ids = [q.enqueue(i) for i in range(4)]
@@ -119,6 +125,7 @@ def test_exactly_one_draw_per_curve_retry(
 
 
 def test_retry_that_dies_draws_nothing(table: JobTable, rng: random.Random) -> None:
+    # Contract: RTY-1.
     ref = random.Random(1234)
     q = table.queue("q", QueueOpts(max_attempts=1))
     q.enqueue(1)
@@ -130,6 +137,7 @@ def test_retry_that_dies_draws_nothing(table: JobTable, rng: random.Random) -> N
 
 
 def test_seeded_curve_reproduces(clock: ManualClock) -> None:
+    # Contract: RTY-1.
     def run() -> list[float]:
         c = type(clock)()
         t = JobTable(clock=c, rng=random.Random(99), id_prefix="t")

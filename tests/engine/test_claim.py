@@ -1,4 +1,5 @@
-"""Contract, "Claiming": order, n, pause, reclaim, expiry, meeting rows, exactly-once."""
+"""``docs/contract.md``, "Claiming" (CLM-1 to CLM-9): order, n, pause, reclaim, expiry,
+meeting rows, exactly-once."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ START = 1000.0  # where the conftest's ManualClock starts
 
 
 def test_claim_sets_processing_fields(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-7.
     q = table.queue("q", QueueOpts(visibility_timeout_s=30))
     job_id = q.enqueue({"p": 1})
     clock.advance(2)
@@ -34,6 +36,7 @@ def test_claim_sets_processing_fields(table: JobTable, clock: ManualClock) -> No
 
 
 def test_claim_order_priority_descending(table: JobTable) -> None:
+    # Contract: CLM-6.
     q = table.queue("q")
     low = q.enqueue("low", priority=-1)
     mid = q.enqueue("mid", priority=0)
@@ -44,6 +47,7 @@ def test_claim_order_priority_descending(table: JobTable) -> None:
 
 
 def test_claim_order_ready_time_before_seq(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-6.
     q = table.queue("q")
     late = q.enqueue("late", run_at=START + 10)  # older seq, ready at +10
     clock.advance(5)
@@ -53,6 +57,7 @@ def test_claim_order_ready_time_before_seq(table: JobTable, clock: ManualClock) 
 
 
 def test_claim_order_fifo_seq_on_ties(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-6.
     q = table.queue("q")
     a = q.enqueue("a", delay_s=10)  # ready at +10, seq 1
     clock.advance(10)
@@ -63,6 +68,7 @@ def test_claim_order_fifo_seq_on_ties(table: JobTable, clock: ManualClock) -> No
 
 
 def test_claim_priority_beats_ready_time(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-6.
     q = table.queue("q")
     old = q.enqueue("old")
     clock.advance(100)
@@ -73,6 +79,7 @@ def test_claim_priority_beats_ready_time(table: JobTable, clock: ManualClock) ->
 def test_scheduled_job_is_not_claimable_before_ready_at(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-2.
     q = table.queue("q")
     job_id = q.enqueue(1, delay_s=10)
     clock.advance(9.5)
@@ -84,6 +91,7 @@ def test_scheduled_job_is_not_claimable_before_ready_at(
 
 
 def test_reclaim_is_ordered_by_its_lapsed_deadline(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-6.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     x = q.enqueue("x")  # seq 1
     assert q.claim_one("w").id == x  # type: ignore[union-attr]  # deadline +10
@@ -100,6 +108,7 @@ def test_reclaim_is_ordered_by_its_lapsed_deadline(table: JobTable, clock: Manua
 def test_reclaim_issues_a_new_lease_and_the_old_one_is_dead(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-2, CLM-7, HND-1.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     q.enqueue(1)
     h1 = q.claim_one("w1")
@@ -118,6 +127,7 @@ def test_reclaim_issues_a_new_lease_and_the_old_one_is_dead(
 
 @pytest.mark.parametrize("n", [0, -1, -100])
 def test_n_not_positive_claims_nothing(table: JobTable, n: int) -> None:
+    # Contract: CLM-1.
     q = table.queue("q")
     job_id = q.enqueue(1)
     assert q.claim_batch("w", n) == []
@@ -127,6 +137,7 @@ def test_n_not_positive_claims_nothing(table: JobTable, n: int) -> None:
 
 
 def test_n_zero_meets_no_row(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-1, CLM-5.
     q = table.queue("q")
     job_id = q.enqueue(1, expires_s=5)
     clock.advance(5)
@@ -135,6 +146,7 @@ def test_n_zero_meets_no_row(table: JobTable, clock: ManualClock) -> None:
 
 
 def test_claim_batch_returns_at_most_n(table: JobTable) -> None:
+    # Contract: CLM-1.
     q = table.queue("q")
     ids = [q.enqueue(i) for i in range(5)]
     assert [h.id for h in q.claim_batch("w", 3)] == ids[:3]
@@ -145,6 +157,7 @@ def test_claim_batch_returns_at_most_n(table: JobTable) -> None:
 
 @pytest.mark.parametrize("worker_id", ["", None, 5, b"w", "w" * 257, "\ud800"])
 def test_worker_id_checked_before_n(table: JobTable, worker_id: object) -> None:
+    # Contract: CLM-9.
     q = table.queue("q")
     q.enqueue(1)
     for n in (0, -1, 1, "x"):
@@ -159,6 +172,7 @@ def test_worker_id_checked_before_n(table: JobTable, worker_id: object) -> None:
 
 @pytest.mark.parametrize("n", [True, 1.0, "1", None])
 def test_n_must_be_an_int(table: JobTable, n: object) -> None:
+    # Contract: CLM-9.
     q = table.queue("q")
     q.enqueue(1)
     with pytest.raises(InvalidArgument) as info:
@@ -168,6 +182,7 @@ def test_n_must_be_an_int(table: JobTable, n: object) -> None:
 
 
 def test_paused_queue_hands_out_nothing_and_resume_restores(table: JobTable) -> None:
+    # Contract: CLM-2, OPS-4.
     q = table.queue("q")
     other = table.queue("other")
     a = q.enqueue("a")
@@ -193,6 +208,7 @@ def test_paused_queue_hands_out_nothing_and_resume_restores(table: JobTable) -> 
 
 
 def test_paused_queue_claim_meets_no_row(table: JobTable, clock: ManualClock) -> None:
+    # Contract: OPS-4.
     q = table.queue("q")
     job_id = q.enqueue(1, expires_s=5)
     q.pause()
@@ -206,6 +222,7 @@ def test_paused_queue_claim_meets_no_row(table: JobTable, clock: ManualClock) ->
 def test_reclaim_consumes_an_attempt_and_used_up_job_dies_in_the_claim(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-3, CLM-5.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=2))
     a = q.enqueue("a")
     assert q.claim_one("w").job.attempts == 1  # type: ignore[union-attr]
@@ -233,6 +250,7 @@ def test_reclaim_consumes_an_attempt_and_used_up_job_dies_in_the_claim(
 def test_used_up_lapsed_job_alone_dies_and_claim_returns_none(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-3.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     a = q.enqueue("a")
     assert q.claim_one("w") is not None
@@ -244,6 +262,7 @@ def test_used_up_lapsed_job_alone_dies_and_claim_returns_none(
 def test_expired_job_is_never_handed_out_and_dies_in_the_claim(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-4.
     q = table.queue("q")
     doomed = q.enqueue("doomed", priority=1, expires_s=10)
     fine = q.enqueue("fine")
@@ -261,6 +280,7 @@ def test_expired_job_is_never_handed_out_and_dies_in_the_claim(
 
 
 def test_job_just_before_expiry_is_handed_out(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-2.
     q = table.queue("q")
     job_id = q.enqueue(1, expires_s=10)
     clock.set(START + 9.75)
@@ -270,6 +290,7 @@ def test_job_just_before_expiry_is_handed_out(table: JobTable, clock: ManualCloc
 
 
 def test_lapsed_expired_job_dies_expired_in_the_claim(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=3))
     job_id = q.enqueue(1, expires_s=15)
     assert q.claim_one("w") is not None
@@ -281,6 +302,7 @@ def test_lapsed_expired_job_dies_expired_in_the_claim(table: JobTable, clock: Ma
 
 
 def test_expired_and_used_up_dies_as_expired(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     job_id = q.enqueue(1, expires_s=20)
     assert q.claim_one("w") is not None
@@ -295,6 +317,7 @@ def test_expired_and_used_up_dies_as_expired(table: JobTable, clock: ManualClock
 def test_rows_a_claim_does_not_reach_are_untouched_until_sweep(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: CLM-5.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     used_hi = q.enqueue("used-hi", priority=8)
     used_lo = q.enqueue("used-lo", priority=0)
@@ -322,6 +345,7 @@ def test_rows_a_claim_does_not_reach_are_untouched_until_sweep(
 
 
 def test_claim_meets_several_rows_before_filling(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-5.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     used = q.enqueue("used", priority=3)
     assert q.claim_one("w") is not None
@@ -341,6 +365,7 @@ def test_claim_meets_several_rows_before_filling(table: JobTable, clock: ManualC
 
 
 def test_exactly_once_while_lease_is_valid(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CLM-8.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     job_id = q.enqueue(1)
     h = q.claim_one("w1")
@@ -360,6 +385,7 @@ def test_exactly_once_while_lease_is_valid(table: JobTable, clock: ManualClock) 
 
 
 def test_batch_claim_never_returns_a_job_twice(table: JobTable) -> None:
+    # Contract: CLM-8.
     q = table.queue("q")
     for i in range(20):
         q.enqueue(i, priority=i % 3)
@@ -369,6 +395,7 @@ def test_batch_claim_never_returns_a_job_twice(table: JobTable) -> None:
 
 
 def test_claim_snapshot_is_unaffected_by_later_changes(table: JobTable, clock: ManualClock) -> None:
+    # Contract: OPS-3.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     q.enqueue({"list": [1, 2]})
     h = q.claim_one("w")
@@ -391,6 +418,7 @@ def test_claim_snapshot_is_unaffected_by_later_changes(table: JobTable, clock: M
 
 
 def test_a_worker_id_of_256_characters_is_accepted(table: JobTable) -> None:
+    # Contract: LIM-2.
     q = table.queue("q")
     q.enqueue(1)
     h = q.claim_one("w" * 256)

@@ -1,4 +1,5 @@
-"""Contract, "Options and their resolution (at enqueue)": options, guards, keys, batches."""
+"""``docs/contract.md``, "Enqueue and options" (ENQ-1 to ENQ-11) and the limits on keys
+(LIM-1): options, guards, keys, batches."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def counts(q: Any) -> tuple[Any, ...]:
 
 
 def test_plain_defaults_are_resolved_and_shown(table: JobTable) -> None:
+    # Contract: ENQ-1, ENQ-2.
     q = table.queue("plain")
     job = q.get_job(q.enqueue({"a": 1}))
     assert job is not None
@@ -65,6 +67,7 @@ def test_plain_defaults_are_resolved_and_shown(table: JobTable) -> None:
 
 
 def test_queue_options_override_plain_defaults(table: JobTable) -> None:
+    # Contract: ENQ-2.
     opts = QueueOpts(
         visibility_timeout_s=10,
         max_attempts=7,
@@ -81,6 +84,7 @@ def test_queue_options_override_plain_defaults(table: JobTable) -> None:
 
 
 def test_call_options_override_queue_options(table: JobTable) -> None:
+    # Contract: ENQ-2.
     opts = QueueOpts(visibility_timeout_s=10, max_attempts=7, backoff_base_s=1, expires_s=60)
     q = table.queue("custom", opts)
     job_id = q.enqueue(
@@ -100,6 +104,7 @@ def test_call_options_override_queue_options(table: JobTable) -> None:
 
 
 def test_queue_opts_defaults_are_the_plain_defaults() -> None:
+    # Contract: ENQ-1.
     o = QueueOpts()
     assert o.visibility_timeout_s == 300
     assert o.max_attempts == 3
@@ -110,6 +115,7 @@ def test_queue_opts_defaults_are_the_plain_defaults() -> None:
 
 
 def test_same_name_gives_same_queue_and_reopts_apply_to_later_enqueues(table: JobTable) -> None:
+    # Contract: ENQ-3.
     q = table.queue("q", QueueOpts(max_attempts=4))
     before = q.enqueue(1)
     assert table.queue("q") is q
@@ -133,18 +139,21 @@ def test_queues_lists_every_queue_name(table: JobTable) -> None:
 
 
 def test_ready_at_is_now_without_delay_or_run_at(table: JobTable, clock: ManualClock) -> None:
+    # Contract: ENQ-5.
     clock.set(1500.25)
     q = table.queue("q")
     assert q.get_job(q.enqueue(1)).ready_at == 1500.25  # type: ignore[union-attr]
 
 
 def test_delay_s_sets_ready_at_relative_to_now(table: JobTable) -> None:
+    # Contract: ENQ-5.
     q = table.queue("q")
     assert q.get_job(q.enqueue(1, delay_s=7.5)).ready_at == START + 7.5  # type: ignore[union-attr]
     assert q.get_job(q.enqueue(1, delay_s=0)).ready_at == START  # type: ignore[union-attr]
 
 
 def test_delay_wins_over_run_at(table: JobTable) -> None:
+    # Contract: ENQ-5.
     q = table.queue("q")
     job = q.get_job(q.enqueue(1, delay_s=2, run_at=START + 100))
     assert job is not None
@@ -152,11 +161,13 @@ def test_delay_wins_over_run_at(table: JobTable) -> None:
 
 
 def test_run_at_in_the_future_is_used_verbatim(table: JobTable) -> None:
+    # Contract: ENQ-5.
     q = table.queue("q")
     assert q.get_job(q.enqueue(1, run_at=START + 42.5)).ready_at == START + 42.5  # type: ignore[union-attr]
 
 
 def test_run_at_in_the_past_is_clamped_to_now(table: JobTable) -> None:
+    # Contract: ENQ-5.
     q = table.queue("q")
     assert q.get_job(q.enqueue(1, run_at=START - 500)).ready_at == START  # type: ignore[union-attr]
     assert q.get_job(q.enqueue(1, run_at=-1e9)).ready_at == START  # type: ignore[union-attr]
@@ -166,6 +177,7 @@ def test_run_at_in_the_past_is_clamped_to_now(table: JobTable) -> None:
 
 
 def test_expires_s_is_relative_to_now(table: JobTable, clock: ManualClock) -> None:
+    # Contract: ENQ-6.
     clock.set(2000.0)
     q = table.queue("q")
     assert q.get_job(q.enqueue(1, expires_s=0.5)).expires_at == 2000.5  # type: ignore[union-attr]
@@ -174,6 +186,7 @@ def test_expires_s_is_relative_to_now(table: JobTable, clock: ManualClock) -> No
 def test_expiry_falls_back_to_queue_default_relative_to_enqueue(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: ENQ-6.
     q = table.queue("q", QueueOpts(expires_s=30))
     first = q.enqueue(1)
     clock.advance(10)
@@ -183,6 +196,7 @@ def test_expiry_falls_back_to_queue_default_relative_to_enqueue(
 
 
 def test_expiry_is_independent_of_delay(table: JobTable) -> None:
+    # Contract: ENQ-6.
     q = table.queue("q")
     job = q.get_job(q.enqueue(1, delay_s=100, expires_s=10))
     assert job is not None
@@ -247,6 +261,7 @@ BAD_ENQUEUE_ARGS = [
 
 @pytest.mark.parametrize(("field", "value"), BAD_ENQUEUE_ARGS)
 def test_enqueue_guard_rejects_and_names_the_field(table: JobTable, field: str, value: Any) -> None:
+    # Contract: ENQ-7, ENQ-8, ENQ-9, LIM-1, LIM-4, LIM-5.
     q = table.queue("q")
     with pytest.raises(InvalidArgument) as info:
         q.enqueue({"x": 1}, **{field: value})
@@ -273,6 +288,7 @@ def test_enqueue_guard_rejects_and_names_the_field(table: JobTable, field: str, 
     ],
 )
 def test_enqueue_accepts_values_at_the_edges(table: JobTable, field: str, value: Any) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q")
     job = q.get_job(q.enqueue(1, **{field: value}))
     assert job is not None
@@ -281,6 +297,7 @@ def test_enqueue_accepts_values_at_the_edges(table: JobTable, field: str, value:
 
 
 def test_backoff_base_above_queue_max_is_rejected_on_resolved_values(table: JobTable) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q", QueueOpts(backoff_base_s=1, backoff_max_s=10))
     with pytest.raises(InvalidArgument) as info:
         q.enqueue(1, backoff_base_s=10.5)
@@ -292,6 +309,7 @@ def test_backoff_base_above_queue_max_is_rejected_on_resolved_values(table: JobT
 
 
 def test_backoff_base_above_plain_default_max_is_rejected(table: JobTable) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q")
     with pytest.raises(InvalidArgument):
         q.enqueue(1, backoff_base_s=3600.5)
@@ -300,11 +318,13 @@ def test_backoff_base_above_plain_default_max_is_rejected(table: JobTable) -> No
 
 @pytest.mark.parametrize("n", [1, 128])
 def test_queue_name_length_edges_accepted(table: JobTable, n: int) -> None:
+    # Contract: JOB-3.
     name = "a" * n
     assert table.queue(name).name == name
 
 
 def test_queue_name_allows_every_listed_character(table: JobTable) -> None:
+    # Contract: JOB-3.
     name = "AZaz09._-:"
     assert table.queue(name).name == name
 
@@ -330,6 +350,7 @@ def test_queue_name_allows_every_listed_character(table: JobTable) -> None:
     ],
 )
 def test_bad_queue_name_is_rejected(table: JobTable, name: Any) -> None:
+    # Contract: JOB-3, ENQ-3.
     with pytest.raises(InvalidArgument):
         table.queue(name)
     assert table.queues() == []
@@ -367,6 +388,7 @@ BAD_QUEUE_OPTS = [
 
 @pytest.mark.parametrize(("field", "value"), BAD_QUEUE_OPTS)
 def test_bad_queue_opts_are_rejected(table: JobTable, field: str, value: Any) -> None:
+    # Contract: ENQ-3, ENQ-4, ENQ-8.
     with pytest.raises(InvalidArgument) as info:
         table.queue("q", QueueOpts(**{field: value}))
     assert field.split("_")[0] in info.value.field
@@ -374,6 +396,7 @@ def test_bad_queue_opts_are_rejected(table: JobTable, field: str, value: Any) ->
 
 
 def test_bad_reopts_leave_the_queue_options_alone(table: JobTable) -> None:
+    # Contract: ENQ-3, ENQ-7.
     q = table.queue("q", QueueOpts(max_attempts=4))
     with pytest.raises(InvalidArgument):
         table.queue("q", QueueOpts(max_attempts=0))
@@ -382,6 +405,7 @@ def test_bad_reopts_leave_the_queue_options_alone(table: JobTable) -> None:
 
 
 def test_queue_opts_edges_accepted(table: JobTable) -> None:
+    # Contract: ENQ-4, ENQ-9.
     q = table.queue(
         "q",
         QueueOpts(
@@ -419,6 +443,7 @@ def test_queue_opts_edges_accepted(table: JobTable) -> None:
     ],
 )
 def test_payload_must_be_strict_json(table: JobTable, payload: Any) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q")
     with pytest.raises(InvalidArgument) as info:
         q.enqueue(payload)
@@ -431,6 +456,7 @@ def test_payload_must_be_strict_json(table: JobTable, payload: Any) -> None:
     [None, True, 0, -5, 2.5, "s", [], {}, {"a": [1, 2.5, None, True, "x", {"b": []}]}, 2**40],
 )
 def test_payload_round_trips(table: JobTable, payload: Any) -> None:
+    # Contract: JOB-3.
     q = table.queue("q")
     job = q.get_job(q.enqueue(payload))
     assert job is not None
@@ -439,6 +465,7 @@ def test_payload_round_trips(table: JobTable, payload: Any) -> None:
 
 
 def test_huge_integer_payload_is_stored_or_rejected_as_payload(table: JobTable) -> None:
+    # Contract: ENQ-7.
     # 5001 digits: valid JSON, far below the size limit, beyond Python's default int-str limit
     q = table.queue("q")
     try:
@@ -451,6 +478,7 @@ def test_huge_integer_payload_is_stored_or_rejected_as_payload(table: JobTable) 
 
 
 def test_raw_json_payload_is_stored_as_given(table: JobTable) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q")
     job = q.get_job(q.enqueue(RawJSON(b'{"a":[1,2]}')))
     assert job is not None
@@ -459,6 +487,7 @@ def test_raw_json_payload_is_stored_as_given(table: JobTable) -> None:
 
 
 def test_payload_size_limit(clock: ManualClock) -> None:
+    # Contract: ENQ-9.
     table = JobTable(clock=clock, rng=random.Random(1), id_prefix="t", max_payload_bytes=16)
     q = table.queue("q")
     q.enqueue("a" * 14)  # '"' + 14 + '"' = 16 bytes: at the limit
@@ -473,6 +502,7 @@ def test_payload_size_limit(clock: ManualClock) -> None:
 
 
 def test_default_payload_limit_is_one_mib(table: JobTable) -> None:
+    # Contract: ENQ-9.
     q = table.queue("q")
     q.enqueue("a" * ((1 << 20) - 2))
     with pytest.raises(InvalidArgument):
@@ -483,6 +513,7 @@ def test_default_payload_limit_is_one_mib(table: JobTable) -> None:
 
 
 def test_rejected_enqueue_changes_nothing(clock: ManualClock) -> None:
+    # Contract: ENQ-7.
     rng_a, rng_b = random.Random(7), random.Random(7)
     a = JobTable(clock=clock, rng=rng_a, id_prefix="t")
     b = JobTable(clock=clock, rng=rng_b, id_prefix="t")
@@ -514,6 +545,7 @@ def test_rejected_enqueue_changes_nothing(clock: ManualClock) -> None:
 
 
 def test_key_returns_existing_pending_job_and_changes_nothing(table: JobTable) -> None:
+    # Contract: ENQ-10.
     q = table.queue("q")
     first = q.enqueue({"v": 1}, key="k", priority=1)
     before = counts(q)
@@ -526,6 +558,7 @@ def test_key_returns_existing_pending_job_and_changes_nothing(table: JobTable) -
 
 
 def test_key_returns_existing_processing_job(table: JobTable) -> None:
+    # Contract: ENQ-10.
     q = table.queue("q")
     first = q.enqueue(1, key="k")
     h = q.claim_one("w")
@@ -537,6 +570,7 @@ def test_key_returns_existing_processing_job(table: JobTable) -> None:
 
 
 def test_key_returns_existing_dead_job(table: JobTable) -> None:
+    # Contract: ENQ-10.
     q = table.queue("q")
     first = q.enqueue(1, key="k")
     h = q.claim_one("w")
@@ -549,6 +583,7 @@ def test_key_returns_existing_dead_job(table: JobTable) -> None:
 
 @pytest.mark.parametrize("how", ["ack", "cancel", "purge"])
 def test_key_is_reusable_once_the_job_is_gone(table: JobTable, how: str) -> None:
+    # Contract: ENQ-10.
     q = table.queue("q")
     first = q.enqueue(1, key="k")
     if how == "cancel":
@@ -569,6 +604,7 @@ def test_key_is_reusable_once_the_job_is_gone(table: JobTable, how: str) -> None
 
 
 def test_key_is_reusable_after_retention_deletes_dead_row(table: JobTable) -> None:
+    # Contract: ENQ-10, DLQ-4.
     q = table.queue("q", QueueOpts(dead_letter_retention_s=0))
     first = q.enqueue(1, key="k")
     h = q.claim_one("w")
@@ -579,6 +615,7 @@ def test_key_is_reusable_after_retention_deletes_dead_row(table: JobTable) -> No
 
 
 def test_key_is_per_queue(table: JobTable) -> None:
+    # Contract: ENQ-10.
     a, b = table.queue("a"), table.queue("b")
     ida, idb = a.enqueue(1, key="k"), b.enqueue(1, key="k")
     assert ida != idb
@@ -586,6 +623,7 @@ def test_key_is_per_queue(table: JobTable) -> None:
 
 
 def test_guards_are_checked_before_the_key(table: JobTable) -> None:
+    # Contract: ENQ-7.
     q = table.queue("q")
     q.enqueue(1, key="k")
     with pytest.raises(InvalidArgument):
@@ -600,6 +638,7 @@ def test_guards_are_checked_before_the_key(table: JobTable) -> None:
 
 
 def test_batch_enqueues_in_order_with_options(table: JobTable) -> None:
+    # Contract: ENQ-11.
     q = table.queue("q")
     ids = q.enqueue_batch([NewJob("a"), NewJob("b", priority=3, delay_s=5), NewJob("c", key="k")])
     assert len(ids) == 3
@@ -614,6 +653,7 @@ def test_batch_enqueues_in_order_with_options(table: JobTable) -> None:
 
 
 def test_batch_key_of_existing_job_returns_its_id(table: JobTable) -> None:
+    # Contract: ENQ-11, ENQ-10.
     q = table.queue("q")
     existing = q.enqueue(0, key="k")
     ids = q.enqueue_batch([NewJob(1), NewJob(2, key="k")])
@@ -631,6 +671,7 @@ def test_batch_key_of_existing_job_returns_its_id(table: JobTable) -> None:
     ],
 )
 def test_batch_is_all_or_nothing_and_names_the_index(table: JobTable, bad: Any, field: str) -> None:
+    # Contract: ENQ-11.
     q = table.queue("q")
     q.enqueue(0)
     before = counts(q)
@@ -647,6 +688,7 @@ def test_batch_is_all_or_nothing_and_names_the_index(table: JobTable, bad: Any, 
 
 
 def test_batch_size_limit_names_the_index(clock: ManualClock) -> None:
+    # Contract: ENQ-11.
     table = JobTable(clock=clock, rng=random.Random(1), id_prefix="t", max_payload_bytes=16)
     q = table.queue("q")
     with pytest.raises(InvalidArgument) as info:
@@ -656,12 +698,14 @@ def test_batch_size_limit_names_the_index(clock: ManualClock) -> None:
 
 
 def test_empty_batch_is_no_error(table: JobTable) -> None:
+    # Contract: ENQ-11.
     q = table.queue("q")
     assert q.enqueue_batch([]) == []
     assert q.stats().totals.enqueued == 0
 
 
 def test_ids_are_unique_strings(table: JobTable) -> None:
+    # Contract: JOB-3.
     q = table.queue("q")
     ids = [q.enqueue(i) for i in range(50)]
     assert all(isinstance(i, str) for i in ids)
@@ -669,6 +713,7 @@ def test_ids_are_unique_strings(table: JobTable) -> None:
 
 
 def test_an_empty_key_means_no_key(table: JobTable) -> None:
+    # Contract: LIM-1.
     q = table.queue("q")
     first, second = q.enqueue(1, key=""), q.enqueue(2, key="")
     assert first != second
@@ -677,6 +722,7 @@ def test_an_empty_key_means_no_key(table: JobTable) -> None:
 
 
 def test_a_key_of_1024_characters_and_one_outside_ascii_are_kept(table: JobTable) -> None:
+    # Contract: LIM-1.
     q = table.queue("q")
     for key in ("k" * 1024, "clé-ü-\U0001f600"):
         job = q.get_job(q.enqueue(1, key=key))

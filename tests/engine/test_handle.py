@@ -1,4 +1,5 @@
-"""Contract, "Handle operations": the validity predicate, ack, retry, fail, heartbeat."""
+"""``docs/contract.md``, "Handle operations" (HND-1 to HND-11): the validity predicate, ack,
+retry, fail, heartbeat, lapse; and the limits on error strings (LIM-3, LIM-5)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def snapshot(table: JobTable, job_id: str) -> Any:
 
 
 def test_lease_lapses_exactly_at_the_deadline(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-1.
     h = claimed(table, visibility_timeout_s=10)
     clock.set(START + 10)  # now == deadline
     before = snapshot(table, h.id)
@@ -55,6 +57,7 @@ def test_lease_lapses_exactly_at_the_deadline(table: JobTable, clock: ManualCloc
 
 
 def test_lease_valid_just_before_the_deadline(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-1.
     h = claimed(table, visibility_timeout_s=10)
     clock.set(START + 9.75)
     assert h.ack() is True
@@ -63,6 +66,7 @@ def test_lease_valid_just_before_the_deadline(table: JobTable, clock: ManualCloc
 
 @pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat", "lapse"])
 def test_wrong_lease_is_refused_and_changes_nothing(table: JobTable, op: str) -> None:
+    # Contract: HND-1, HND-2.
     h = claimed(table)
     before = snapshot(table, h.id)
     assert getattr(table, op)(h.id, h.lease + "x") is False
@@ -73,6 +77,7 @@ def test_wrong_lease_is_refused_and_changes_nothing(table: JobTable, op: str) ->
 
 @pytest.mark.parametrize("op", ["ack", "retry", "fail", "heartbeat", "lapse"])
 def test_unknown_id_is_refused(table: JobTable, op: str) -> None:
+    # Contract: HND-2.
     h = claimed(table)
     assert getattr(table, op)("no-such-job", h.lease) is False
     assert h.heartbeat() is True
@@ -82,6 +87,7 @@ def test_unknown_id_is_refused(table: JobTable, op: str) -> None:
 def test_a_lease_names_only_its_own_job(table: JobTable, op: str) -> None:
     """A report carrying one claim's lease but another job's id (or a malformed one) does
     not land on either job: a lease proves nothing about a job it was not issued for."""
+    # Contract: HND-1.
     q = table.queue("q")
     q.enqueue({"n": 1})
     q.enqueue({"n": 2})
@@ -95,6 +101,7 @@ def test_a_lease_names_only_its_own_job(table: JobTable, op: str) -> None:
 
 
 def test_other_queues_id_is_unknown_to_queue_ops(table: JobTable) -> None:
+    # Contract: OPS-1.
     h = claimed(table)
     other = table.queue("other")
     assert other.ack_batch([(h.id, h.lease)]) == 0
@@ -109,6 +116,7 @@ def test_other_queues_id_is_unknown_to_queue_ops(table: JobTable) -> None:
 
 
 def test_heartbeat_is_an_absolute_reset(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-8.
     h = claimed(table, visibility_timeout_s=10)
     clock.set(START + 4)
     assert h.heartbeat() is True
@@ -128,6 +136,7 @@ def test_heartbeat_is_an_absolute_reset(table: JobTable, clock: ManualClock) -> 
 
 
 def test_heartbeat_uses_the_jobs_own_visibility(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-8.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     q.enqueue(1, visibility_timeout_s=2.5)
     h = q.claim_one("w")
@@ -143,6 +152,7 @@ def test_heartbeat_uses_the_jobs_own_visibility(table: JobTable, clock: ManualCl
 
 @pytest.mark.parametrize("first", ["ack", "retry", "fail"])
 def test_terminal_operations_are_one_shot(table: JobTable, first: str) -> None:
+    # Contract: HND-9.
     h = claimed(table, max_attempts=5)
     assert getattr(h, first)() is True
     after = table.get_job(h.id)
@@ -158,6 +168,7 @@ def test_terminal_operations_are_one_shot(table: JobTable, first: str) -> None:
 def test_old_lease_stays_dead_after_the_job_is_claimed_again(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: HND-1, CLM-7.
     q = table.queue("q", QueueOpts(max_attempts=5))
     q.enqueue(1)
     h1 = q.claim_one("w1")
@@ -175,6 +186,7 @@ def test_old_lease_stays_dead_after_the_job_is_claimed_again(
 
 
 def test_ack_deletes_the_job(table: JobTable) -> None:
+    # Contract: HND-5, JOB-4.
     h = claimed(table)
     q = table.queue("q")
     assert h.ack() is True
@@ -188,6 +200,7 @@ def test_ack_deletes_the_job(table: JobTable) -> None:
 
 
 def test_retry_returns_job_to_pending(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-6.
     h = claimed(table, max_attempts=3)
     clock.set(START + 3)
     assert h.retry("boom", delay_s=7.5) is True
@@ -208,6 +221,7 @@ def test_retry_returns_job_to_pending(table: JobTable, clock: ManualClock) -> No
 
 
 def test_retry_delay_zero_is_ready_now(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-6.
     h = claimed(table)
     clock.set(START + 1)
     assert h.retry(delay_s=0) is True
@@ -222,6 +236,7 @@ def test_retry_delay_zero_is_ready_now(table: JobTable, clock: ManualClock) -> N
 def test_retry_at_max_attempts_dies(
     table: JobTable, clock: ManualClock, error: str | None, expected: str
 ) -> None:
+    # Contract: HND-6.
     h = claimed(table, max_attempts=1)
     clock.set(START + 2)
     assert h.retry(error, delay_s=0) is True
@@ -236,6 +251,7 @@ def test_retry_at_max_attempts_dies(
 
 
 def test_retry_on_the_last_attempt_after_reclaims_dies(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-6, CLM-3.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=2))
     q.enqueue(1)
     assert q.claim_one("w") is not None
@@ -248,6 +264,7 @@ def test_retry_on_the_last_attempt_after_reclaims_dies(table: JobTable, clock: M
 
 
 def test_retry_keeps_last_error_when_none_or_empty(table: JobTable) -> None:
+    # Contract: HND-4, HND-6.
     q = table.queue("q", QueueOpts(max_attempts=10))
     job_id = q.enqueue(1)
     for error, expected in [("e1", "e1"), (None, "e1"), ("", "e1"), ("e2", "e2"), (None, "e2")]:
@@ -258,6 +275,7 @@ def test_retry_keeps_last_error_when_none_or_empty(table: JobTable) -> None:
 
 
 def test_retry_with_no_error_ever_leaves_last_error_none(table: JobTable) -> None:
+    # Contract: HND-6.
     h = claimed(table)
     assert h.retry(delay_s=0) is True
     assert snapshot(table, h.id).last_error is None
@@ -269,6 +287,7 @@ def test_retry_with_no_error_ever_leaves_last_error_none(table: JobTable) -> Non
 def test_retry_delay_guard_raises_and_changes_nothing(
     table: JobTable, rng: Any, delay: Any
 ) -> None:
+    # Contract: HND-3.
     h = claimed(table, max_attempts=3)
     before = snapshot(table, h.id)
     state = rng.getstate()
@@ -286,6 +305,7 @@ def test_retry_delay_guard_raises_and_changes_nothing(
 def test_retry_delay_guard_raises_even_when_lease_is_invalid(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: HND-3.
     h = claimed(table, visibility_timeout_s=10)
     clock.advance(10)
     with pytest.raises(InvalidArgument):
@@ -295,6 +315,7 @@ def test_retry_delay_guard_raises_even_when_lease_is_invalid(
 
 
 def test_retry_at_max_attempts_still_guards_delay(table: JobTable) -> None:
+    # Contract: HND-3.
     h = claimed(table, max_attempts=1)
     with pytest.raises(InvalidArgument):
         h.retry("e", delay_s=float("inf"))
@@ -308,6 +329,7 @@ def test_retry_at_max_attempts_still_guards_delay(table: JobTable) -> None:
 def test_fail_dies_at_once(
     table: JobTable, clock: ManualClock, error: str | None, expected: str
 ) -> None:
+    # Contract: HND-7, HND-4.
     h = claimed(table, max_attempts=5)
     clock.set(START + 1.5)
     assert h.fail(error) is True
@@ -322,6 +344,7 @@ def test_fail_dies_at_once(
 
 
 def test_fail_overwrites_an_earlier_error(table: JobTable) -> None:
+    # Contract: HND-7.
     q = table.queue("q")
     q.enqueue(1)
     h = q.claim_one("w")
@@ -337,6 +360,7 @@ def test_fail_overwrites_an_earlier_error(table: JobTable) -> None:
 
 
 def test_ack_batch_counts_only_valid_entries(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-10.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     other = table.queue("other")
     a, b, c, d = (q.enqueue(x) for x in "abcd")
@@ -371,6 +395,7 @@ def test_ack_batch_counts_only_valid_entries(table: JobTable, clock: ManualClock
 
 
 def test_lapse_makes_the_job_reclaimable_at_once(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-11.
     h = claimed(table, visibility_timeout_s=10, max_attempts=3)
     clock.set(START + 3)
     assert table.lapse(h.id, h.lease) is True
@@ -385,6 +410,7 @@ def test_lapse_makes_the_job_reclaimable_at_once(table: JobTable, clock: ManualC
 
 
 def test_lapse_of_last_attempt_dies_at_next_claim(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-11, CLM-3.
     h = claimed(table, visibility_timeout_s=10, max_attempts=1)
     clock.set(START + 3)
     assert table.lapse(h.id, h.lease) is True
@@ -398,6 +424,7 @@ def test_lapse_of_last_attempt_dies_at_next_claim(table: JobTable, clock: Manual
 
 
 def test_lapse_of_lapsed_lease_is_refused(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-11, HND-1.
     h = claimed(table, visibility_timeout_s=10)
     clock.set(START + 10)
     assert table.lapse(h.id, h.lease) is False
@@ -408,6 +435,7 @@ def test_lapse_of_lapsed_lease_is_refused(table: JobTable, clock: ManualClock) -
 
 
 def test_table_ops_by_id_match_the_handle(table: JobTable) -> None:
+    # Contract: HND-5 to HND-8, OPS-1.
     q = table.queue("q", QueueOpts(max_attempts=5))
     ids = [q.enqueue(i) for i in range(3)]
     h0, h1, h2 = q.claim_batch("w", 3)
@@ -421,6 +449,7 @@ def test_table_ops_by_id_match_the_handle(table: JobTable) -> None:
 
 
 def test_table_ack_many_answers_each_entry_in_order(table: JobTable, clock: ManualClock) -> None:
+    # Contract: HND-10.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10))
     other = table.queue("other")
     for x in "ab":
@@ -502,6 +531,7 @@ def test_take_changes_sends_a_stored_row_only_its_changing_fields(clock: ManualC
 
 
 def test_a_long_error_is_kept_cut_to_its_limit(table: JobTable) -> None:
+    # Contract: LIM-3.
     # A traceback of any length is kept, not refused; only its first 4,096 characters.
     h = claimed(table)
     assert h.fail("x" * 100_000) is True
@@ -510,6 +540,7 @@ def test_a_long_error_is_kept_cut_to_its_limit(table: JobTable) -> None:
 
 
 def test_an_error_with_a_lone_surrogate_is_refused_and_nothing_changes(table: JobTable) -> None:
+    # Contract: LIM-5, HND-3.
     h = claimed(table)
     with pytest.raises(InvalidArgument) as info:
         h.retry("bad \udc80 text")

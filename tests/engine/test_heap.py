@@ -1,4 +1,7 @@
-"""The engine's lazy heaps: ``Line`` (leases) agrees with ``Heap`` and with a plain list."""
+"""The engine's lazy heaps: ``Line`` (leases) agrees with ``Heap`` and with a plain list.
+
+They are how every operation stays O(log n) in a queue's depth (``docs/contract.md``,
+CST-1)."""
 
 from __future__ import annotations
 

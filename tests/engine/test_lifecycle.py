@@ -1,4 +1,5 @@
-"""Contract: cancel, get_job, sweep, retention, redrive, purge, stats and next_event_at."""
+"""``docs/contract.md``: cancel, get_job, sweep, retention, redrive, purge (OPS-*, DLQ-*),
+stats (CST-4) and next_event_at (TIM-4)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def claim(q: Any, worker: str = "w") -> JobHandle:
 
 
 def test_cancel_pending_ready_and_scheduled(table: JobTable) -> None:
+    # Contract: OPS-2.
     q = table.queue("q")
     ready, scheduled = q.enqueue(1), q.enqueue(2, delay_s=50)
     assert q.cancel(ready) is True
@@ -55,6 +57,7 @@ def test_cancel_pending_ready_and_scheduled(table: JobTable) -> None:
 
 
 def test_cancel_processing_invalidates_the_lease(table: JobTable) -> None:
+    # Contract: OPS-2.
     q = table.queue("q")
     q.enqueue(1)
     h = claim(q)
@@ -71,6 +74,7 @@ def test_cancel_processing_invalidates_the_lease(table: JobTable) -> None:
 
 
 def test_cancel_lapsed_job(table: JobTable, clock: ManualClock) -> None:
+    # Contract: OPS-2.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     q.enqueue(1)
     h = claim(q)
@@ -82,6 +86,7 @@ def test_cancel_lapsed_job(table: JobTable, clock: ManualClock) -> None:
 
 
 def test_cancel_dead_job(table: JobTable) -> None:
+    # Contract: OPS-2.
     q = table.queue("q")
     q.enqueue(1)
     h = claim(q)
@@ -93,6 +98,7 @@ def test_cancel_dead_job(table: JobTable) -> None:
 
 
 def test_cancel_unknown_and_twice(table: JobTable) -> None:
+    # Contract: OPS-2, JOB-4.
     q = table.queue("q")
     job_id = q.enqueue(1)
     assert q.cancel("no-such-job") is False
@@ -107,6 +113,7 @@ def test_cancel_unknown_and_twice(table: JobTable) -> None:
 
 
 def test_get_job_returns_a_copy(table: JobTable) -> None:
+    # Contract: OPS-3.
     q = table.queue("q")
     job_id = q.enqueue({"a": [1, {"b": 2}]})
     job = q.get_job(job_id)
@@ -122,6 +129,7 @@ def test_get_job_returns_a_copy(table: JobTable) -> None:
 
 
 def test_get_job_snapshot_does_not_follow_the_job(table: JobTable) -> None:
+    # Contract: OPS-3.
     q = table.queue("q")
     job_id = q.enqueue(1)
     before = q.get_job(job_id)
@@ -132,6 +140,7 @@ def test_get_job_snapshot_does_not_follow_the_job(table: JobTable) -> None:
 
 
 def test_ids_are_never_reused(table: JobTable) -> None:
+    # Contract: JOB-3.
     q = table.queue("q")
     seen = set()
     for i in range(20):
@@ -148,6 +157,7 @@ def test_ids_are_never_reused(table: JobTable) -> None:
 
 
 def test_sweep_kills_expired_pending_and_processing(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-3.
     q = table.queue("q", QueueOpts(visibility_timeout_s=100))
     ready = q.enqueue("ready", expires_s=10)
     scheduled = q.enqueue("scheduled", delay_s=50, expires_s=10)
@@ -171,6 +181,7 @@ def test_sweep_kills_expired_pending_and_processing(table: JobTable, clock: Manu
 def test_expired_job_with_valid_lease_acks_until_the_sweep(
     table: JobTable, clock: ManualClock
 ) -> None:
+    # Contract: DLQ-3, HND-1.
     q = table.queue("q", QueueOpts(visibility_timeout_s=100))
     q.enqueue(1, expires_s=10)
     h = claim(q)
@@ -179,6 +190,7 @@ def test_expired_job_with_valid_lease_acks_until_the_sweep(
 
 
 def test_sweep_kills_used_up_lapsed_leases_only(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-3.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     used = q.enqueue("used")
     has_more = q.enqueue("more", max_attempts=2)
@@ -199,6 +211,7 @@ def test_sweep_kills_used_up_lapsed_leases_only(table: JobTable, clock: ManualCl
 
 
 def test_sweep_counts_expired_and_used_up_as_expired(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-3, CLM-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     job_id = q.enqueue(1, expires_s=20)
     claim(q)
@@ -208,6 +221,7 @@ def test_sweep_counts_expired_and_used_up_as_expired(table: JobTable, clock: Man
 
 
 def test_queue_sweep_is_scoped_and_table_sweep_sums(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-5.
     a = table.queue("a")
     b = table.queue("b", QueueOpts(dead_letter_retention_s=0))
     a.enqueue(1, expires_s=5)
@@ -225,6 +239,7 @@ def test_queue_sweep_is_scoped_and_table_sweep_sums(table: JobTable, clock: Manu
 
 
 def test_retention_none_keeps_dead_rows_forever(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-2.
     q = table.queue("q")
     q.enqueue(1)
     h = claim(q)
@@ -235,6 +250,7 @@ def test_retention_none_keeps_dead_rows_forever(table: JobTable, clock: ManualCl
 
 
 def test_retention_zero_deletes_in_the_same_sweep(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-4.
     q = table.queue("q", QueueOpts(dead_letter_retention_s=0, visibility_timeout_s=10))
     expiring = q.enqueue("e", expires_s=5)
     q.enqueue("u", max_attempts=1, priority=1)
@@ -250,6 +266,7 @@ def test_retention_zero_deletes_in_the_same_sweep(table: JobTable, clock: Manual
 
 
 def test_retention_seconds(table: JobTable, clock: ManualClock) -> None:
+    # Contract: DLQ-2, DLQ-3.
     q = table.queue("q", QueueOpts(dead_letter_retention_s=100))
     q.enqueue(1)
     h = claim(q)
@@ -268,6 +285,7 @@ def test_retention_seconds(table: JobTable, clock: ManualClock) -> None:
 
 
 def test_redrive_dead_job(table: JobTable, clock: ManualClock) -> None:
+    # Contract: OPS-5.
     q = table.queue("q", QueueOpts(max_attempts=2))
     job_id = q.enqueue({"x": 1}, priority=4)
     h = claim(q)
@@ -292,6 +310,7 @@ def test_redrive_dead_job(table: JobTable, clock: ManualClock) -> None:
 
 
 def test_redrive_only_moves_dead_jobs(table: JobTable) -> None:
+    # Contract: OPS-5, OPS-1.
     q = table.queue("q")
     other = table.queue("other")
     pending = q.enqueue(1)
@@ -308,6 +327,7 @@ def test_redrive_only_moves_dead_jobs(table: JobTable) -> None:
 
 
 def test_purge_dead_removes_this_queues_dead_rows_only(table: JobTable) -> None:
+    # Contract: OPS-6, OPS-1.
     q = table.queue("q")
     other = table.queue("other")
     for i in range(3):
@@ -326,6 +346,7 @@ def test_purge_dead_removes_this_queues_dead_rows_only(table: JobTable) -> None:
 
 
 def test_stats_follow_every_transition(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CST-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=2))
     assert current(q) == (0, 0, 0, 0, 0)
     assert q.stats().paused is False
@@ -369,6 +390,7 @@ def test_stats_follow_every_transition(table: JobTable, clock: ManualClock) -> N
 
 
 def test_stats_count_expiry_and_exhaustion(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CST-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     q.enqueue("e", expires_s=5)
     q.enqueue("u", priority=1)
@@ -381,6 +403,7 @@ def test_stats_count_expiry_and_exhaustion(table: JobTable, clock: ManualClock) 
 
 
 def test_stats_ready_and_scheduled_move_with_the_clock(table: JobTable, clock: ManualClock) -> None:
+    # Contract: CST-4.
     q = table.queue("q")
     q.enqueue(1, delay_s=10)
     q.enqueue(2, run_at=START + 20)
@@ -395,6 +418,7 @@ def test_stats_ready_and_scheduled_move_with_the_clock(table: JobTable, clock: M
 
 
 def test_stats_are_per_queue(table: JobTable) -> None:
+    # Contract: CST-4.
     a, b = table.queue("a"), table.queue("b")
     a.enqueue(1)
     a.enqueue(2)
@@ -408,6 +432,7 @@ def test_stats_are_per_queue(table: JobTable) -> None:
 
 
 def test_next_event_at_none_when_nothing_is_timed(table: JobTable) -> None:
+    # Contract: TIM-4.
     assert table.next_event_at() is None
     q = table.queue("q")
     q.enqueue(1)  # ready, no expiry: nothing timed
@@ -417,6 +442,7 @@ def test_next_event_at_none_when_nothing_is_timed(table: JobTable) -> None:
 
 
 def test_next_event_at_scheduled_job(table: JobTable) -> None:
+    # Contract: TIM-4.
     q = table.queue("q")
     q.enqueue(1, delay_s=40)
     q.enqueue(2, delay_s=15.5)
@@ -424,6 +450,7 @@ def test_next_event_at_scheduled_job(table: JobTable) -> None:
 
 
 def test_next_event_at_lease_lapse_and_heartbeat(table: JobTable, clock: ManualClock) -> None:
+    # Contract: TIM-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=30))
     q.enqueue(1)
     h = claim(q)
@@ -436,6 +463,7 @@ def test_next_event_at_lease_lapse_and_heartbeat(table: JobTable, clock: ManualC
 
 
 def test_next_event_at_expiry(table: JobTable) -> None:
+    # Contract: TIM-4.
     q = table.queue("q")
     q.enqueue(1, expires_s=50)
     q.enqueue(2, delay_s=80)
@@ -443,6 +471,7 @@ def test_next_event_at_expiry(table: JobTable) -> None:
 
 
 def test_next_event_at_retention(table: JobTable, clock: ManualClock) -> None:
+    # Contract: TIM-4.
     q = table.queue("q", QueueOpts(dead_letter_retention_s=100))
     q.enqueue(1)
     h = claim(q)
@@ -455,6 +484,7 @@ def test_next_event_at_retention(table: JobTable, clock: ManualClock) -> None:
 
 
 def test_next_event_at_is_the_earliest_across_queues(table: JobTable) -> None:
+    # Contract: TIM-4.
     a = table.queue("a", QueueOpts(visibility_timeout_s=30))
     b = table.queue("b")
     a.enqueue(1)
@@ -465,6 +495,7 @@ def test_next_event_at_is_the_earliest_across_queues(table: JobTable) -> None:
 
 
 def test_next_event_at_due_sweep_is_not_in_the_future(table: JobTable, clock: ManualClock) -> None:
+    # Contract: TIM-4.
     q = table.queue("q")
     q.enqueue(1, expires_s=10)
     clock.set(START + 15)
@@ -476,6 +507,7 @@ def test_next_event_at_due_sweep_is_not_in_the_future(table: JobTable, clock: Ma
 
 
 def test_next_event_at_due_for_used_up_lapsed_lease(table: JobTable, clock: ManualClock) -> None:
+    # Contract: TIM-4.
     q = table.queue("q", QueueOpts(visibility_timeout_s=10, max_attempts=1))
     q.enqueue(1)
     claim(q)
@@ -489,6 +521,7 @@ def test_next_event_at_due_for_used_up_lapsed_lease(table: JobTable, clock: Manu
 
 
 def test_only_the_id_as_written_names_the_job(table: JobTable) -> None:
+    # Contract: JOB-3.
     q = table.queue("q")
     for n in range(0x1E):
         q.enqueue(n)

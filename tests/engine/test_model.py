@@ -1,7 +1,7 @@
 """Model-based test of the in-memory engine.
 
 A hypothesis state machine drives the real ``JobTable`` (manual clock, seeded rng) and a
-small reference model of ``contract.md`` side by side, and after every step checks that
+small reference model of ``docs/contract.md`` side by side, and after every step checks that
 both agree on every job, every count, every lease and every claim order.
 
 The model is deliberately naive: plain objects in a dict, linear scans, a sort per claim.
@@ -76,7 +76,7 @@ class ManualClock:
 
 @dataclass
 class MJob:
-    """A live row: the contract's job fields, plus the current lease and the engine's seq."""
+    """A live row: the job fields of JOB-3, plus the current lease and the engine's seq."""
 
     id: str
     queue: str
@@ -121,7 +121,7 @@ class MQueue:
 
 
 class Model:
-    """contract.md, written as plainly as possible."""
+    """``docs/contract.md``, written as plainly as possible."""
 
     def __init__(self, seed: int, opts: dict[str, QueueOpts]) -> None:
         self.now = START
@@ -202,9 +202,9 @@ class Model:
     def claim(self, queue: str, worker: str, n: int) -> list[str]:
         """The ids handed out, in order; rows met on the way die here. Leases are set later.
 
-        Contract, "Claiming": claimable rows sorted by priority desc, ready time (a
-        reclaim's is its lapsed deadline), seq; "When do they die?": an expired or used-up
-        row the claim meets before it has its n jobs dies in it, later rows wait for a sweep.
+        Claimable rows (CLM-2) sorted by priority desc, ready time (a reclaim's is its
+        lapsed deadline), seq (CLM-6); an expired or used-up row the claim meets before it
+        has its n jobs dies in it, later rows wait for a sweep (CLM-3 to CLM-5).
         """
         if n <= 0 or self.queues[queue].paused:
             return []  # a paused queue hands out nothing, so its claim meets no row
@@ -306,7 +306,7 @@ class Model:
         return len(gone)
 
     def sweep(self, queue: str | None) -> tuple[int, int, int]:
-        """Contract, "Other queue operations": expired, then used-up lapsed, then retention."""
+        """The sweep (DLQ-3 to DLQ-5): expired, then used-up lapsed, then retention."""
         now = self.now
         expired = exhausted = purged = 0
         mine = [j for j in self.jobs.values() if queue is None or j.queue == queue]

@@ -1,6 +1,6 @@
 """``next_event_at()`` keeps a heap of each queue's next event and looks again only at the
 queues that changed. Here it is compared with a look at every queue, after every step of
-random work over many queues."""
+random work over many queues (``docs/contract.md``, TIM-4)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,7 @@ def every_queue(table: JobTable) -> float | None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(STEP, max_size=60), st.integers(0, 2**32 - 1))
 def test_next_event_at_agrees_with_a_look_at_every_queue(steps: list[tuple], seed: int) -> None:
+    # Contract: TIM-4.
     now = [1000.0]
     table = JobTable(clock=lambda: now[0], rng=random.Random(seed), id_prefix="t")
     handles: list[JobHandle] = []
@@ -87,6 +88,7 @@ def test_next_event_at_agrees_with_a_look_at_every_queue(steps: list[tuple], see
 
 
 def test_a_retention_set_later_is_an_event_at_once() -> None:
+    # Contract: TIM-4.
     now = [1000.0]
     table = JobTable(clock=lambda: now[0], rng=random.Random(1), id_prefix="t")
     q = table.queue("q")
@@ -99,6 +101,7 @@ def test_a_retention_set_later_is_an_event_at_once() -> None:
 
 
 def test_a_matured_job_is_no_event_even_unasked() -> None:
+    # Contract: TIM-4.
     now = [1000.0]
     table = JobTable(clock=lambda: now[0], rng=random.Random(1), id_prefix="t")
     table.queue("a").enqueue("soon", delay_s=0.5)

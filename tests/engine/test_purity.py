@@ -1,4 +1,5 @@
-"""The engine is a pure core: no I/O, event loop, clock or thread library (issue 2, section 2)."""
+"""The engine is a pure core: no I/O, event loop, clock or thread library (``docs/contract.md``,
+TIM-2)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def test_imported_roots_sees_every_import_form() -> None:
 
 
 def test_engine_imports_no_io_loop_clock_or_thread_library() -> None:
+    # Contract: TIM-2.
     files = sorted(ENGINE_DIR.rglob("*.py"))
     assert len(files) >= 2
     offenders = {}
