@@ -1,7 +1,14 @@
 """The ``conveyor`` command (and ``python -m broker``).
 
-``conveyor serve`` runs the broker; its flags are in ``broker.config``. The exit
-status is 0 after a clean stop, 2 for a bad setting.
+``conveyor serve`` runs the broker; its flags are in ``broker.config``. Its exit status:
+
+* 0: stopped cleanly (SIGTERM or SIGINT).
+* 1: cannot listen on the address.
+* 2: refused at start: a bad setting, or a store it cannot open or account for (a
+  damaged file, commits lost: ``--accept-loss`` starts anyway); one line on stderr says
+  which file and what is wrong.
+* 3: the store failed while running (a write or an fsync): the broker stopped after
+  logging it (CRITICAL), and answered nothing that depended on it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from .store import StoreError
 
 __all__ = ["main"]
 
+EXIT_REFUSED = 2  # a bad setting, or a store refused at start
+EXIT_STORE_FAILED = 3  # the store failed while running
+
 log = logging.getLogger("conveyor")
 
 
@@ -45,7 +55,7 @@ def _serve(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ConfigError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -82,18 +92,18 @@ def _serve(args: argparse.Namespace) -> int:
         factory = loop_factory(config.loop)
     except ImportError:
         print(UVLOOP_MISSING, file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     gc.disable()  # until ready(): see there
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(serve_until_signalled(config, ready))
+            failed = runner.run(serve_until_signalled(config, ready))
     except StoreError as exc:
         print(f"conveyor: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_REFUSED
     except OSError as exc:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return 0 if failed is None else EXIT_STORE_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,8 @@ class Config:
     store: str = "sqlite"
     db_path: str = "conveyor.db"
     sync: str = "full"
+    # Start on files that lost commits or are damaged (the store refuses them otherwise).
+    accept_loss: bool = False
     tokens: Mapping[str, frozenset[Role]] = field(default_factory=dict)
     origins: Sequence[str] = ()
     # Host names served besides IP literals and loopback names (broker/admission.py).
@@ -112,6 +114,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="full: a confirmed change survives power loss (default); normal: faster, "
         "survives a killed broker but maybe not an OS crash (CONVEYOR_SYNC)",
     )
+    add(
+        "--accept-loss",
+        action="store_true",
+        default=None,
+        help="start even when the database's files lost commits or are damaged (a "
+        "missing or damaged -wal, an empty database file, a damaged claim log), which is "
+        "refused otherwise; the loss is logged (CONVEYOR_ACCEPT_LOSS=1)",
+    )
     for role in ROLES:
         add(
             f"--{role}-token",
@@ -164,6 +174,18 @@ def _pick(flag: Any, env: str, convert: Any, default: Any) -> Any:
         raise ConfigError(f"CONVEYOR_{env}: cannot read {raw!r} as {convert.__name__}") from None
 
 
+def _yes(raw: str) -> bool:
+    """An environment variable's yes or no: 1/true/yes or 0/false/no."""
+    answer = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+    try:
+        return answer[raw.strip().lower()]
+    except KeyError:
+        raise ValueError(raw) from None
+
+
+_yes.__name__ = "1 or 0"  # (named in _pick's message)
+
+
 def _tokens(args: argparse.Namespace) -> dict[str, frozenset[Role]]:
     tokens: dict[str, set[Role]] = {}
     for role in ROLES:
@@ -197,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         store=_pick(args.store, "STORE", str, "sqlite"),
         db_path=_pick(args.db, "DB", str, "conveyor.db"),
         sync=_pick(args.sync, "SYNC", str, "full"),
+        accept_loss=_pick(args.accept_loss, "ACCEPT_LOSS", _yes, False),
         tokens=_tokens(args),
         origins=tuple(origins),
         allowed_hosts=tuple(allowed_hosts),

@@ -62,7 +62,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .ops import HANDLERS
 from .static import StaticFiles
-from .store import open_store
+from .store import StoreError, open_store
 
 __all__ = ["Broker", "Connection", "running_broker"]
 
@@ -86,7 +86,9 @@ class Broker:
         """Open the store and load the table (raises ``StoreError``); call in the loop."""
         self.config = config
         self.clock = clock
-        self.store = open_store(config.store, config.db_path, sync=config.sync)
+        self.store = open_store(
+            config.store, config.db_path, sync=config.sync, accept_loss=config.accept_loss
+        )
         self.table = self.store.load(
             clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
         )
@@ -824,8 +826,11 @@ async def _sweep_forever(broker: Broker) -> None:
             log.exception("sweep failed")
 
 
-async def serve_until_signalled(config: Config, ready: Callable[[Broker], None]) -> None:
-    """Run a broker until SIGTERM or SIGINT, calling ``ready`` once it listens."""
+async def serve_until_signalled(
+    config: Config, ready: Callable[[Broker], None]
+) -> StoreError | None:
+    """Run a broker until SIGTERM or SIGINT, or until its store fails, calling ``ready``
+    once it listens; return the store's failure, if that is what stopped it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -838,3 +843,4 @@ async def serve_until_signalled(config: Config, ready: Callable[[Broker], None])
         stopped.cancel()
         signalled.cancel()
         log.info("conveyor stopping")
+    return broker.gate.failed if broker.gate is not None else None

@@ -18,10 +18,10 @@ from .sqlite import SqliteStore
 __all__ = ["MemoryStore", "SqliteStore", "Store", "StoreError", "open_store"]
 
 
-def open_store(kind: str, path: str, *, sync: str = "full") -> Store:
+def open_store(kind: str, path: str, *, sync: str = "full", accept_loss: bool = False) -> Store:
     """The store ``kind`` names (``memory`` or ``sqlite``); raises ``StoreError``."""
     if kind == "memory":
         return MemoryStore()
     if kind == "sqlite":
-        return SqliteStore(path, sync=sync)
+        return SqliteStore(path, sync=sync, accept_loss=accept_loss)
     raise StoreError(f"store: unknown store {kind!r} (choose memory or sqlite)")

@@ -24,8 +24,14 @@ counted). A job's last attempt never goes out before its fsync (``broker/dispatc
 Format: a header, ``_MAGIC`` and the database's id prefix (a log left by another database
 is ignored); then records, each ``<len:u32><crc32:u32>`` and a body of ``len`` bytes:
 ``<commit number:i64><leases issued:i64><texts length:u32>``, the texts (UTF-8) and the
-numbers of a claim record (``sqlite._pack_claims``). A torn or corrupt record ends the
-log: no record after it was ever written by a broker that then went on.
+numbers of a claim record (``sqlite._pack_claims``).
+
+Each record goes in one ``write``; a killed broker (or a full disk) can leave only the
+last one torn: cut short, or, after a power loss, its whole length written but not its
+bytes. Such a torn last record is dropped (its commit never happened). Anything else
+that is not a record (a bad one with more bytes after it, a record whose length or
+commit number no broker wrote, a file that does not start with the header) is damage:
+``read`` reports it, and the store refuses to start unless told to accept the loss.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ _RECORD = struct.Struct("<II")  # body length, crc32 of the body
 _BODY = struct.Struct("<qqI")  # commit number, leases issued, length of the texts
 # Emptied (after a commit) once it holds this much: a few hundred drain commits.
 _LIMIT = 1 << 20
+# The longest record taken for a torn one; a longer length is damage. (A commit's claims
+# are a few dozen bytes each: this is millions of them.)
+_TORN_MAX = 1 << 28
 
 
 class LoggedClaims(NamedTuple):
@@ -104,18 +113,21 @@ class ClaimLog:
         except OSError:
             pass  # (only tidiness is lost)
 
-    def read(self, id_prefix: str) -> list[LoggedClaims]:
+    def read(self, id_prefix: str) -> tuple[list[LoggedClaims], str | None]:
         """The records the log holds for the database whose id prefix is ``id_prefix``
-        (none when it belongs to another database, which empties it); call once, before
-        ``append``. The records stay in the file until ``reset``: call it once they are
-        in SQLite."""
+        (none when it is new or belongs to another database, which empties it), and
+        what is damaged in it (``None`` if nothing: a torn last record is not damage),
+        saying where; call once, before ``append``. The records stay in the file until
+        ``reset``: call it once they are in SQLite."""
         self._header = _MAGIC + id_prefix.encode() + b"\n"
         try:
             with open(self._fd, "rb", closefd=False) as file:
                 data = file.read()
             if not data.startswith(self._header):
-                self.reset()  # new, or another database's
-                return []
+                if not (data.startswith(_MAGIC) or self._header.startswith(data)):
+                    return [], f"damaged claim log: no claim log header in its {len(data)} bytes"
+                self.reset()  # new (its header maybe torn), or another database's
+                return [], None
             self._size = len(data)
             return _parse(data, len(self._header))
         except (OSError, StoreError) as exc:
@@ -157,25 +169,61 @@ class ClaimLog:
             self._fd = -1
 
 
-def _parse(data: bytes, at: int) -> list[LoggedClaims]:
-    """The whole records in ``data`` from ``at``, up to the first torn or corrupt one."""
-    records = []
+def _parse(data: bytes, at: int) -> tuple[list[LoggedClaims], str | None]:
+    """The whole records in ``data`` from ``at``, and the damage found after them (or
+    ``None``: the records reach the end, or only a torn last record follows them)."""
+    records: list[LoggedClaims] = []
     end = len(data)
-    while at + _RECORD.size <= end:
-        length, crc = _RECORD.unpack_from(data, at)
-        body = data[at + _RECORD.size : at + _RECORD.size + length]
-        if len(body) != length or length < _BODY.size or zlib.crc32(body) != crc:
-            break
-        commit_no, leases_issued, texts_len = _BODY.unpack_from(body)
-        texts = body[_BODY.size : _BODY.size + texts_len]
-        if len(texts) != texts_len:
-            break
-        try:
-            decoded = texts.decode()
-        except UnicodeDecodeError:
-            break
-        records.append(
-            LoggedClaims(commit_no, leases_issued, decoded, body[_BODY.size + texts_len :])
-        )
-        at += _RECORD.size + length
-    return records
+    while at < end:
+        record, extent = _record_at(data, at)
+        if record is None:
+            last = records[-1].commit_no if records else 0
+            tail = data[at:]
+            # (Zeros: a power loss kept the file's length, not the bytes last written.)
+            if not any(tail) or (extent >= end and _torn(tail, last)):
+                return records, None
+            return records, (
+                f"damaged claim log: byte {at} of {end} does not start a whole record "
+                f"(after {len(records)} records), and it is not a torn last record"
+            )
+        records.append(record)
+        at = extent
+    return records, None
+
+
+def _record_at(data: bytes, at: int) -> tuple[LoggedClaims | None, int]:
+    """The record at ``at`` (``None`` if there is no whole, intact one) and the offset
+    its header says it ends at (``len(data)`` and more when the header is cut short)."""
+    if at + _RECORD.size > len(data):
+        return None, len(data)
+    length, crc = _RECORD.unpack_from(data, at)
+    start = at + _RECORD.size
+    extent = start + length
+    body = data[start:extent]
+    if len(body) != length or length < _BODY.size or zlib.crc32(body) != crc:
+        return None, extent
+    commit_no, leases_issued, texts_len = _BODY.unpack_from(body)
+    texts = body[_BODY.size : _BODY.size + texts_len]
+    if len(texts) != texts_len:
+        return None, extent
+    try:
+        decoded = texts.decode()
+    except UnicodeDecodeError:
+        return None, extent
+    return LoggedClaims(commit_no, leases_issued, decoded, body[_BODY.size + texts_len :]), extent
+
+
+def _torn(tail: bytes, last_commit: int) -> bool:
+    """Whether ``tail``, the end of the log from a record that is not whole, can be the
+    start of a record a broker was writing (commit numbers only go up), cut short or not
+    yet on the disk; rather than bytes no broker wrote."""
+    if len(tail) < _RECORD.size:
+        return True
+    length, _ = _RECORD.unpack_from(tail)
+    if not _BODY.size <= length <= _TORN_MAX:
+        return False
+    body = tail[_RECORD.size :]
+    if len(body) < _BODY.size or not any(body):
+        return True
+    commit_no, _, texts_len = _BODY.unpack_from(body)
+    return bool(last_commit < commit_no and texts_len <= length - _BODY.size)

@@ -44,6 +44,17 @@ the log had measured 0.94). ``load`` lays claims that only the log holds over th
 as it does a record's, writes them into SQLite, and empties the log; its lease count
 raises the table's, so no lease is issued twice.
 
+What the files must hold. ``load`` refuses (``StoreError``) what it cannot account for,
+rather than start on an empty or partial table: a database file of 0 bytes, a missing
+one that its commit marker (``_marker.py``, ``<db>-commits``) says held commits, files
+that hold an older commit than the marker records (a ``-wal`` file deleted or damaged),
+a damaged marker, or a claim log damaged other than in its torn last record. With
+``accept_loss`` it starts anyway, logs a warning saying what was lost, and records the
+files as they are as the new baseline. Every commit updates the marker once written (one
+``pwrite``, no fsync: see ``_marker.py`` for why that is enough). A new database is made
+under a temporary name and renamed into place once whole, so a file of 0 bytes is never
+one of ours.
+
 Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
 from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
 database, or was made by a newer Conveyor is refused with a ``StoreError``.
@@ -69,6 +80,7 @@ from typing import Any
 from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
 from ._base import StoreError
 from ._claim_log import ClaimLog, LoggedClaims
+from ._marker import CommitMarker, Marked
 from ._wal_sync import WalSyncer
 
 __all__ = ["SqliteStore"]
@@ -196,11 +208,18 @@ class SqliteStore:
         path: str | Path,
         *,
         sync: str = "full",
+        accept_loss: bool = False,
     ) -> None:
+        """``accept_loss``: start even on files that lost commits or are damaged (see
+        "What the files must hold" in the module docstring), logging what was lost."""
         if sync not in ("full", "normal"):
             raise StoreError(f"sync: must be 'full' or 'normal', got {sync!r}")
         self.path = Path(path)
         self.sync = sync
+        self.accept_loss = accept_loss
+        self._marker = CommitMarker(self.path.with_name(self.path.name + "-commits"))
+        # The last commit known to be fsynced (set at checkpoints, read by write).
+        self._durable_no = 0
         self._db: sqlite3.Connection | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-sqlite")
         # sync="normal": checkpoints beside the commits (see _side_checkpoint).
@@ -231,6 +250,29 @@ class SqliteStore:
 
     # -- opening --------------------------------------------------------------------------
 
+    def _create(self) -> None:
+        """Make a new, empty database at ``path``: whole under a temporary name (in WAL
+        mode, at the current schema), fsynced, then renamed into place, so that a file
+        of 0 bytes at ``path`` is never one this store made. Raises ``StoreError``."""
+        new = self.path.with_name(self.path.name + ".new")
+        try:
+            for leftover in (new, Path(f"{new}-wal"), Path(f"{new}-shm")):
+                leftover.unlink(missing_ok=True)  # (of a start killed while making it)
+            db = sqlite3.connect(new, isolation_level=None)
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                _migrate(db, 0)
+            finally:
+                db.close()  # the WAL goes back into the file, which SQLite fsyncs
+            os.replace(new, self.path)
+            directory = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot create: {exc}") from None
+
     def _open(self) -> sqlite3.Connection:
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -259,12 +301,7 @@ class SqliteStore:
             db.execute("PRAGMA journal_size_limit=67108864")
             # The store checkpoints itself, every so many commits (see commit).
             db.execute("PRAGMA wal_autocheckpoint=0")
-            for step in range(version, _VERSION):
-                db.execute("BEGIN IMMEDIATE")
-                _run_script(db, _MIGRATIONS[step])
-                db.execute(f"PRAGMA user_version={step + 1}")
-                db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
-                db.execute("COMMIT")
+            _migrate(db, version)
         except StoreError:
             db.close()
             raise
@@ -309,6 +346,7 @@ class SqliteStore:
         max_payload_bytes: int,
         id_prefix: str | None,
     ) -> JobTable:
+        marked = self._account()
         db = self._open()
         if self.slow_commits:
             # Before the first commit, so that no commit waits for the helper to start;
@@ -334,12 +372,13 @@ class SqliteStore:
                 )
                 table.start_journal()
                 # (A log beside a database that never committed holds nothing of it.)
-                log.read(table.id_prefix)
+                self._read_log(log, table.id_prefix)
                 log.reset()
+                self._marker.baseline(0, 0)
                 return table
             self._commit_no = meta[3]
             claims = self._read_claims(db)
-            logged = log.read(meta[0])
+            logged = self._read_log(log, meta[0])
             late = [record for record in logged if record.commit_no > meta[3]]
             leases_issued = meta[2]
             for record in late:  # pushed, but the broker stopped before their commit
@@ -370,11 +409,108 @@ class SqliteStore:
                 db.execute("UPDATE meta SET leases_issued = ?", (leases_issued,))
             self._sync_at_load()
             log.reset()
+            self._baseline(marked)
             return table
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: unreadable or corrupt database: {exc}") from None
         except (ValueError, TypeError, IndexError) as exc:
             raise StoreError(f"{self.path}: a stored row makes no sense: {exc}") from None
+
+    def _lost(self, what: str) -> None:
+        """Files that lost something, or are damaged, as ``what`` says: refused with a
+        ``StoreError``, or with ``accept_loss`` a warning, and the start goes on."""
+        if not self.accept_loss:
+            raise StoreError(f"{what}; start with --accept-loss to accept the loss")
+        log.warning("%s; starting anyway (--accept-loss)", what)
+
+    def _account(self) -> Marked | None:
+        """Before anything is opened for writing: what the commit marker records (or
+        ``None``); refuse (``_lost``) a database file that is empty, one missing while the
+        marker says it held commits, and files that hold fewer commits than it records
+        (``_check_held``). Makes a new database where there is none."""
+        try:
+            marked = self._marker.read()
+        except StoreError as exc:
+            self._lost(str(exc))
+            marked = None
+        recorded = f"{self._marker.path} records commit {marked.written}" if marked else ""
+        try:
+            size = self.path.stat().st_size if self.path.is_file() else None
+        except OSError:
+            size = None  # (_open names what is wrong)
+        if not self.path.exists():
+            if marked is not None and marked.written > 0:
+                self._lost(f"{self.path}: the database file is missing, but {recorded}")
+            # A WAL and shared memory left by a lost file are no use to the new one, and
+            # SQLite would read them into it.
+            for left in (Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                left.unlink(missing_ok=True)
+            self._create()
+        elif size == 0:
+            self._lost(
+                f"{self.path}: the database file is empty (0 bytes)"
+                + (f"; {recorded}" if marked else "")
+            )
+        elif marked is not None:
+            held = self._peek_commits()
+            if held is not None:
+                self._check_held(marked, held)
+        return marked
+
+    def _peek_commits(self) -> int | None:
+        """The commit the database and its WAL hold (0: none), read on a read-only
+        connection, which leaves the files as they are (a connection that may write
+        would copy the WAL into the database as it closes, and delete it); ``None`` when
+        it cannot be read (``_open`` then says why)."""
+        try:
+            db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True)
+        except (sqlite3.Error, OSError):
+            return None
+        try:
+            row = db.execute("SELECT commits FROM meta").fetchone()
+        except sqlite3.Error:
+            return None
+        finally:
+            db.close()
+        return int(row[0]) if row is not None else 0
+
+    def _check_held(self, marked: Marked | None, held: int) -> None:
+        """Refuse (``_lost``) files that hold commit ``held``, older than the marker
+        says they must (see ``_marker.py``: after a restart of the machine, only what
+        was fsynced must be there, and what else is gone is told in a warning)."""
+        if marked is None:
+            return
+        expected = marked.expected(self._marker.boot)
+        gone = f"the database and its -wal file hold commit {held}"
+        if held < expected:
+            self._lost(
+                f"{self.path}: {expected - held} commits lost: {self._marker.path} records "
+                f"commit {expected}, {gone} (the -wal file is missing or damaged)"
+            )
+        elif held < marked.written:
+            log.warning(
+                "%s: the machine restarted: %d commits written after the last fsync are "
+                "lost (%s records commit %d, %s)",
+                self.path, marked.written - held, self._marker.path, marked.written, gone,
+            )  # fmt: skip
+
+    def _read_log(self, log: ClaimLog, id_prefix: str) -> list[LoggedClaims]:
+        """The claim log's records; damage in it refused (``_lost``), or accepted and
+        dropped."""
+        records, damage = log.read(id_prefix)
+        if damage is not None:
+            self._lost(f"{log.path}: {damage}")
+        return records
+
+    def _baseline(self, marked: Marked | None) -> None:
+        """Record the loaded files as what the next start must find: every commit
+        they hold as written; as fsynced too with ``full`` (``load`` fsynced them),
+        else what was fsynced before."""
+        durable = self._commit_no
+        if not self.slow_commits:
+            durable = min(durable, marked.durable if marked is not None else 0)
+        self._durable_no = durable
+        self._marker.baseline(self._commit_no, durable)
 
     def _sync_at_load(self) -> None:
         """``full``: fsync what ``load`` wrote (the lease count above all, see
@@ -488,7 +624,7 @@ class SqliteStore:
         if syncer is not None:
             return syncer.request()
         if turn:
-            self._side = self._checkpointer.submit(self._side_checkpoint)
+            self._side = self._checkpointer.submit(self._side_checkpoint, self._commit_no)
         return True
 
     async def commit(self, changes: Changes, written: Callable[[], None] = _nothing) -> None:
@@ -523,7 +659,7 @@ class SqliteStore:
                 await loop.run_in_executor(self._writer, self._sync_and_checkpoint)
                 return
             self.write(changes)
-            self._side = self._checkpointer.submit(self._side_checkpoint)
+            self._side = self._checkpointer.submit(self._side_checkpoint, self._commit_no)
             return
         self.write(changes)  # (raises StoreError when the store is closed)
         syncer = self._syncer  # there once loaded, with full
@@ -548,12 +684,13 @@ class SqliteStore:
             return True
         return self._wal_frames > _RESTART_FRAMES
 
-    def _side_checkpoint(self) -> None:
+    def _side_checkpoint(self, commit_no: int) -> None:
         """``normal``: checkpoint on the checkpointer thread, with a connection of its
         own, while the event loop goes on committing (no commit waits for it; SQLite lets
         a checkpoint run beside a writer). Notes how many frames the WAL holds, for
         ``_whole_checkpoint_due``. A failure is logged: the WAL keeps everything, and the next
-        checkpoint is a whole one."""
+        checkpoint is a whole one. Once it succeeds, commit ``commit_no`` (written
+        before it began) is on the disk: SQLite fsyncs the WAL before it copies it."""
         self._wal_frames = _RESTART_FRAMES + 1  # until this one succeeds
         try:
             if self._side_db is None:
@@ -565,6 +702,7 @@ class SqliteStore:
             log.warning("%s: checkpoint failed (retried later): %s", self.path, exc)
             return
         self._wal_frames = frames
+        self._durable_no = max(self._durable_no, commit_no)
         self.side_checkpoints += 1
 
     @property
@@ -661,6 +799,8 @@ class SqliteStore:
                 return
         self.checkpoints += 1
         self._wal_frames = 0  # the next commit starts the WAL again
+        # Everything written is fsynced now, into the WAL and then the database file.
+        self._durable_no = self._commit_no
 
     def write(self, changes: Changes, packed: tuple[str, bytes] | None = None) -> None:
         """``commit``, on the calling thread (for tools and tests with no event loop).
@@ -704,6 +844,7 @@ class SqliteStore:
                 raise StoreError(f"{self.path}: write failed: {exc}") from None
             self._commit_no = commit_no
             self.commits += 1
+            self._marker.mark(commit_no, self._durable_no)
 
     def _settle_claims(self, changes: Changes, commit_no: int) -> list[int]:
         """Update the claim bookkeeping for one commit; return the records it leaves with
@@ -752,6 +893,7 @@ class SqliteStore:
                 self._db = None
             if self._claim_log is not None:
                 self._claim_log.close()
+            self._marker.close()
 
 
 def _runs(seqs: list[int]) -> list[tuple[int, int]]:
@@ -801,6 +943,17 @@ def _unpack_claims(texts: str, numbers: bytes) -> list[tuple[Any, ...]]:
 
 _TEXTS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
 _BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _migrate(db: sqlite3.Connection, version: int) -> None:
+    """Take the database from schema ``version`` to the current one, a transaction per
+    step."""
+    for step in range(version, _VERSION):
+        db.execute("BEGIN IMMEDIATE")
+        _run_script(db, _MIGRATIONS[step])
+        db.execute(f"PRAGMA user_version={step + 1}")
+        db.execute(f"PRAGMA application_id={_APPLICATION_ID}")
+        db.execute("COMMIT")
 
 
 def _run_script(db: sqlite3.Connection, script: str) -> None:

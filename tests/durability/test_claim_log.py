@@ -2,8 +2,9 @@
 ``<db>-claims`` first, its pushes leave, and then it is written into SQLite (with either
 ``--sync``). A broker killed between the two leaves claims that only the log holds:
 ``load`` must lay them over their rows (so the worker's leases stay valid and the
-attempts stay counted), write them into SQLite, and empty the log. A torn or corrupt
-tail, or a log of another database, is ignored."""
+attempts stay counted), write them into SQLite, and empty the log. A torn last record
+(what a killed broker leaves), or a log of another database, is ignored; anything else
+that is not a record stops the start, unless the loss is accepted."""
 
 from __future__ import annotations
 
@@ -279,6 +280,11 @@ def _file_of(records: list[LoggedClaims]) -> tuple[bytes, list[int]]:
     return bytes(data), ends
 
 
+def _numbered(records: list[LoggedClaims]) -> list[LoggedClaims]:
+    """The records with commit numbers that go up, as a broker writes them."""
+    return [r._replace(commit_no=n) for n, r in enumerate(records, 1)]
+
+
 _records = st.lists(
     st.builds(
         LoggedClaims,
@@ -288,7 +294,7 @@ _records = st.lists(
         st.binary(max_size=60),
     ),
     max_size=5,
-)
+).map(_numbered)
 
 
 @settings(max_examples=200, deadline=None)
@@ -300,7 +306,7 @@ def test_a_log_cut_anywhere_reads_back_the_records_wholly_before_the_cut(
     start = len(b"conveyor-claims 1\nP\n")
     at = start + cut % (len(data) - start + 1)
     kept = [r for r, end in zip(records, ends, strict=True) if end <= at]
-    assert _claim_log._parse(data[:at], start) == kept
+    assert _claim_log._parse(data[:at], start) == (kept, None)  # a torn tail is no damage
 
 
 @settings(max_examples=200, deadline=None)
@@ -314,7 +320,53 @@ def test_a_log_with_a_corrupt_byte_reads_back_the_records_before_it(
     corrupt = bytearray(data)
     corrupt[at] ^= flip
     before = [r for r, end in zip(records, ends, strict=True) if end <= at]
-    assert _claim_log._parse(bytes(corrupt), start) == before
+    kept, damage = _claim_log._parse(bytes(corrupt), start)
+    assert kept == before
+    # With a record after the corrupt one, it is no torn tail, unless the corrupt byte
+    # is in its length, which may then reach past the end as a torn record's does.
+    hit = len(before)
+    begins = ends[hit - 1] if before else start
+    if hit < len(records) - 1 and at - begins >= 4:
+        assert damage is not None and f"byte {begins} of {len(data)}" in damage
+
+
+def test_garbage_after_the_records_is_damage_and_zeros_at_the_end_a_torn_record() -> None:
+    records = _numbered([LoggedClaims(0, 5, '[["processing"],["w"],["l"]]', bytes(24))] * 2)
+    data, ends = _file_of(records)
+    start = len(b"conveyor-claims 1\nP\n")
+    garbage = random.Random(3).randbytes(200)
+    kept, damage = _claim_log._parse(data + garbage, start)
+    assert kept == records
+    assert damage is not None and f"byte {ends[-1]} of {ends[-1] + 200}" in damage
+    # A power loss may leave a last record's length on the disk but not its bytes.
+    zeros = data[: ends[0]] + bytes(ends[1] - ends[0])
+    assert _claim_log._parse(zeros, start) == (records[:1], None)
+    # A whole record, intact, behind a bad one: the bad one is no torn tail.
+    middle = bytearray(data)
+    middle[ends[0] - 1] ^= 1
+    kept, damage = _claim_log._parse(bytes(middle), start)
+    assert kept == [] and damage is not None
+
+
+def test_a_garbage_log_stops_the_load_naming_the_file_and_accept_loss_empties_it(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    _claims_not_committed(db)
+    _log_path(db).write_bytes(random.Random(6).randbytes(300))
+    with pytest.raises(StoreError) as caught:
+        _load(SqliteStore(db, sync="normal"))
+    message = str(caught.value)
+    assert message.startswith(f"{_log_path(db)}: damaged claim log: "), message
+    assert "--accept-loss" in message
+    assert len(_log_path(db).read_bytes()) == 300  # left as it was
+    store = SqliteStore(db, sync="normal", accept_loss=True)
+    table = _load(store)
+    try:
+        assert table.held_leases() == []
+        assert _log_path(db).read_bytes() == _header(store)
+    finally:
+        store.close()
 
 
 def test_a_missing_log_directory_entry_is_created_at_load(tmp_path: Path) -> None:

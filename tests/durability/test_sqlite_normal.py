@@ -78,10 +78,10 @@ async def test_a_checkpoint_beside_the_commits_does_not_hold_them_up(
     started, release = threading.Event(), threading.Event()
     side = store._side_checkpoint
 
-    def held() -> None:
+    def held(commit_no: int) -> None:
         started.set()
         assert release.wait(10)
-        side()
+        side(commit_no)
 
     monkeypatch.setattr(store, "_side_checkpoint", held)
     try:

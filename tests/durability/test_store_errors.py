@@ -48,14 +48,22 @@ def free_port() -> int:
     return port
 
 
-async def start(db: Path, *, port: int = 0, grace_s: float = 5.0) -> asyncio.subprocess.Process:
+async def start(
+    db: Path,
+    *flags: str,
+    port: int = 0,
+    grace_s: float = 5.0,
+    preexec: Callable[[], None] | None = None,
+) -> asyncio.subprocess.Process:
+    """``conveyor serve`` on ``db`` with ``flags`` added; ``preexec`` runs in the child
+    before the broker does (to set its limits)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     return await asyncio.create_subprocess_exec(
         sys.executable, "-m", "broker", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--store", "sqlite", "--db", str(db), "--disconnect-grace", str(grace_s),
-        "--log-level", "warning",
+        "--log-level", "warning", *flags,
         cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, preexec_fn=preexec,
     )  # fmt: skip
 
 
@@ -63,19 +71,27 @@ async def start(db: Path, *, port: int = 0, grace_s: float = 5.0) -> asyncio.sub
 class Served:
     proc: asyncio.subprocess.Process
     url: str
+    stderr: str = ""  # what it wrote there, once stopped
 
     async def stop(self, sig: int = signal.SIGTERM) -> int:
         """Signal the broker and reap it; its exit status."""
         self.proc.send_signal(sig)
-        await asyncio.wait_for(self.proc.communicate(), WAIT)
+        _, err = await asyncio.wait_for(self.proc.communicate(), WAIT)
+        self.stderr = err.decode()
         assert self.proc.returncode is not None
         return self.proc.returncode
 
 
 @contextlib.asynccontextmanager
-async def serving(db: Path, *, port: int = 0, grace_s: float = 5.0) -> AsyncIterator[Served]:
+async def serving(
+    db: Path,
+    *flags: str,
+    port: int = 0,
+    grace_s: float = 5.0,
+    preexec: Callable[[], None] | None = None,
+) -> AsyncIterator[Served]:
     """A broker on ``db``, once it printed its listening line; killed at the end if alive."""
-    proc = await start(db, port=port, grace_s=grace_s)
+    proc = await start(db, *flags, port=port, grace_s=grace_s, preexec=preexec)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), START)
@@ -88,10 +104,10 @@ async def serving(db: Path, *, port: int = 0, grace_s: float = 5.0) -> AsyncIter
             await proc.communicate()
 
 
-async def refused(db: Path) -> tuple[int | None, bytes, str]:
+async def refused(db: Path, *flags: str) -> tuple[int | None, bytes, str]:
     """Start a broker on ``db`` that is to refuse it: its exit status, its stdout and its
     stderr, once it has exited (killed at the end if it did not)."""
-    proc = await start(db)
+    proc = await start(db, *flags)
     try:
         out, err = await asyncio.wait_for(proc.communicate(), START)
     finally:
