@@ -23,8 +23,8 @@ splits into four hops that add up to it:
 ``(write)`` is the server's write call alone (inside ``wire``).
 
 Conveyor's broker is the real one, run by this script with three of its methods wrapped
-(``_Socket.data_received``, ``Connection._on_message`` and
-``_Socket.write_text_frames``: a clock read and an append each); ``py-beanstalkd``
+(``Socket.data_received``, ``Connection._on_message`` and
+``Socket.write_text_frames``: a clock read and an append each); ``py-beanstalkd``
 (``bench/py_beanstalkd.py``, beanstalkd's protocol in a few dozen lines of Python, with
 beanstalkd's own clients) notes the same times, for a server that does almost nothing in
 between::
@@ -65,16 +65,16 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
     process that started this one: a ``--snapshot`` copy, say)."""
     sys.path.insert(0, os.getcwd())
     import broker.cli
-    import broker.server as server
+    import broker.connection as connection
 
     reads: list[tuple[float, bytes]] = []
     starts: list[tuple[float, list[bytes]]] = []
     writes: list[tuple[float, list[bytes]]] = []
     clock = time.monotonic
     read_at = [0.0]  # when the read being handled began
-    received = server._Socket.data_received
-    on_message = server.Connection._on_message
-    write_frames = server._Socket.write_text_frames
+    received = connection.Socket.data_received
+    on_message = connection.Connection._on_message
+    write_frames = connection.Socket.write_text_frames
 
     def stamped_received(self: Any, data: bytes) -> None:
         read_at[0] = clock()
@@ -106,9 +106,9 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
                         for seq, sent in _SENT.findall(frame):
                             out.write(b"%s %s %s %r\n" % (kind, seq, sent, at))
 
-    server._Socket.data_received = stamped_received  # type: ignore[method-assign]
-    server.Connection._on_message = stamped_on_message  # type: ignore[method-assign]
-    server._Socket.write_text_frames = stamped_write  # type: ignore[method-assign]
+    connection.Socket.data_received = stamped_received  # type: ignore[method-assign]
+    connection.Connection._on_message = stamped_on_message  # type: ignore[method-assign]
+    connection.Socket.write_text_frames = stamped_write  # type: ignore[method-assign]
     atexit.register(dump)
     return broker.cli.main(argv)
 

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 
@@ -26,9 +26,22 @@ from .engine import JobTable, QueueStats
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
-    from .server import Connection
 
-__all__ = ["Feed", "queue_info"]
+__all__ = ["Feed", "Viewer", "queue_info"]
+
+
+class Viewer(Protocol):
+    """A dashboard's connection, as the feed sees it."""
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every frame queued so far has gone to the socket."""
+        ...
+
+    def push_now(self, frame: dict[str, Any]) -> None:
+        """Queue a frame that confirms nothing: no commit wait."""
+        ...
+
 
 log = logging.getLogger("conveyor.feed")
 
@@ -98,13 +111,13 @@ class Feed:
         self.dispatcher = dispatcher
         self.clock = clock
         self.server_info = server_info
-        self._viewers: dict[Connection, _Viewer] = {}
+        self._viewers: dict[Viewer, _Viewer] = {}
         self._rates: dict[str, _QueueRates] = {}
         self._wake = asyncio.Event()
 
     # -- viewers --------------------------------------------------------------------------
 
-    def watch(self, conn: Connection, fields: dict[str, Any]) -> None:
+    def watch(self, conn: Viewer, fields: dict[str, Any]) -> None:
         """Start (or change) what ``conn`` follows. Raises ``WireError`` for a bad page."""
         offset, limit = fields["dead_offset"], fields["dead_limit"]
         if offset < 0:
@@ -128,7 +141,7 @@ class Feed:
         viewer.dead_limit = limit
         self._wake.set()
 
-    def forget(self, conn: Connection) -> None:
+    def forget(self, conn: Viewer) -> None:
         """The connection closed."""
         self._viewers.pop(conn, None)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sdk._wire import (
     OPS,
@@ -20,6 +20,7 @@ from sdk._wire import (
     SUPPORTED_PROTOCOLS,
     ErrorCode,
     Op,
+    Role,
     WireError,
     check_entry,
     encode_payload,
@@ -27,18 +28,70 @@ from sdk._wire import (
 )
 
 from . import __version__
-from .dispatch import Subscription
-from .engine import InvalidArgument, NewJob, Queue, RawJSON
+from .config import Config
+from .dispatch import Dispatcher, Subscription
+from .engine import InvalidArgument, JobTable, NewJob, Queue, RawJSON
+from .feed import Feed, Viewer
 
-if TYPE_CHECKING:
-    from .server import Connection
+__all__ = ["HANDLERS", "Broker", "Peer"]
 
-__all__ = ["HANDLERS"]
+
+class Broker(Protocol):
+    """What the handlers use of the broker (``broker.server.Broker`` provides it)."""
+
+    config: Config
+    table: JobTable
+    dispatcher: Dispatcher
+    feed: Feed
+    clock: Callable[[], float]
+
+    @property
+    def queue_names(self) -> list[str]: ...
+
+    def queue(self, name: str, field: str = "queue") -> Queue:
+        """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
+        ...
+
+    def check_queue_name(self, name: str, field: str) -> None:
+        """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid name."""
+        ...
+
+    def queue_stats(self, name: str) -> dict[str, Any]: ...
+
+
+class Peer(Viewer, Protocol):
+    """What the handlers use of the connection a request came on
+    (``broker.connection.Connection`` provides it)."""
+
+    hello_done: bool
+    client: str | None
+    roles: frozenset[Role]
+    subscription: Subscription | None
+
+    @property
+    def broker(self) -> Broker: ...
+
+    def authenticate(self, token: str | None) -> None:
+        """Grant ``hello``'s token its roles, or raise ``unauthorized``/``limit_exceeded``."""
+        ...
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue a frame, after the commit of what changed before it."""
+        ...
+
+    def send_early(self, frame: dict[str, Any]) -> None:
+        """Queue a ``jobs`` push that may leave once its claims are written."""
+        ...
+
+    def flush_now(self) -> None:
+        """Write what is queued now."""
+        ...
+
 
 log = logging.getLogger("conveyor")
 
 Result = dict[str, Any] | None
-Handler = Callable[["Connection", dict[str, Any]], Result]
+Handler = Callable[[Peer, dict[str, Any]], Result]
 
 _OPTION_NAMES = (
     "priority",
@@ -52,7 +105,7 @@ _OPTION_NAMES = (
 )
 
 
-def _known_queue(conn: Connection, name: str) -> Queue:
+def _known_queue(conn: Peer, name: str) -> Queue:
     """An existing queue, or ``not_found`` (for operations that must not create one)."""
     if name not in conn.broker.queue_names:
         raise WireError(ErrorCode.NOT_FOUND, f"queue: no queue named {name[:128]!r}", "queue")
@@ -63,7 +116,7 @@ def _known_queue(conn: Connection, name: str) -> Queue:
 MAX_CLIENT_LEN = 256
 
 
-def hello(conn: Connection, f: dict[str, Any]) -> Result:
+def hello(conn: Peer, f: dict[str, Any]) -> Result:
     if conn.hello_done:
         raise WireError(ErrorCode.CONFLICT, "hello: this connection already said hello")
     if f["protocol"] not in SUPPORTED_PROTOCOLS:
@@ -99,18 +152,18 @@ def hello(conn: Connection, f: dict[str, Any]) -> Result:
     }
 
 
-def ping(conn: Connection, f: dict[str, Any]) -> Result:
+def ping(conn: Peer, f: dict[str, Any]) -> Result:
     return {"now": conn.broker.clock()}
 
 
-def _payload(conn: Connection, value: Any, field: str) -> RawJSON:
+def _payload(conn: Peer, value: Any, field: str) -> RawJSON:
     # orjson checks and encodes in one pass, far faster than the engine's stdlib path.
     return RawJSON(
         encode_payload(value, max_bytes=conn.broker.config.max_payload_bytes, field=field)
     )
 
 
-def enqueue(conn: Connection, f: dict[str, Any]) -> Result:
+def enqueue(conn: Peer, f: dict[str, Any]) -> Result:
     queue = conn.broker.queue(f["queue"])
     payload = _payload(conn, f["payload"], "payload")
     job_id = queue.enqueue(payload, **{name: f[name] for name in _OPTION_NAMES})
@@ -118,7 +171,7 @@ def enqueue(conn: Connection, f: dict[str, Any]) -> Result:
     return {"id": job_id}
 
 
-def enqueue_batch(conn: Connection, f: dict[str, Any]) -> Result:
+def enqueue_batch(conn: Peer, f: dict[str, Any]) -> Result:
     queue = conn.broker.queue(f["queue"])
     jobs = []
     for i, spec in enumerate(f["jobs"]):
@@ -139,7 +192,7 @@ def _within(exc: WireError, prefix: str) -> WireError:
     return WireError(exc.code, f"{prefix}.{exc.message}", f"{prefix}.{exc.field}")
 
 
-def enqueue_each(conn: Connection, f: dict[str, Any]) -> Result:
+def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
     """Each job on its own, in order: an id, or the error ``enqueue`` would have given,
     its field under the entry's path (``jobs[3].priority``). One bad job fails alone:
     a client coalescing independent enqueues into one frame (the SDK) relies on it."""
@@ -185,19 +238,19 @@ def enqueue_each(conn: Connection, f: dict[str, Any]) -> Result:
     return {"results": results}
 
 
-def get_job(conn: Connection, f: dict[str, Any]) -> Result:
+def get_job(conn: Peer, f: dict[str, Any]) -> Result:
     job = conn.broker.table.get_job(f["id"])
     return {"job": None if job is None else job_info(job)}
 
 
-def cancel(conn: Connection, f: dict[str, Any]) -> Result:
+def cancel(conn: Peer, f: dict[str, Any]) -> Result:
     cancelled = conn.broker.table.cancel(f["id"])
     if cancelled:
         conn.broker.dispatcher.cancelled(f["id"])
     return {"cancelled": cancelled}
 
 
-def stats(conn: Connection, f: dict[str, Any]) -> Result:
+def stats(conn: Peer, f: dict[str, Any]) -> Result:
     broker = conn.broker
     if f["queue"] is not None:
         names = [_known_queue(conn, f["queue"]).name]
@@ -206,7 +259,7 @@ def stats(conn: Connection, f: dict[str, Any]) -> Result:
     return {"queues": {name: broker.queue_stats(name) for name in names}}
 
 
-def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
+def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
     broker = conn.broker
     if conn.subscription is not None:
         raise WireError(ErrorCode.CONFLICT, "subscribe: this connection is already subscribed")
@@ -239,24 +292,24 @@ def subscribe(conn: Connection, f: dict[str, Any]) -> Result:
     return {"reattached": reattached}
 
 
-def unsubscribe(conn: Connection, f: dict[str, Any]) -> Result:
+def unsubscribe(conn: Peer, f: dict[str, Any]) -> Result:
     sub = conn.subscription
     if sub is None:
         raise WireError(ErrorCode.CONFLICT, "unsubscribe: this connection never subscribed")
     return {"held": conn.broker.dispatcher.drain(sub)}
 
 
-def _finish(conn: Connection, job_id: str, lease: str) -> None:
+def _finish(conn: Peer, job_id: str, lease: str) -> None:
     conn.broker.dispatcher.finished(conn.subscription, job_id, lease)
 
 
-def ack(conn: Connection, f: dict[str, Any]) -> Result:
+def ack(conn: Peer, f: dict[str, Any]) -> Result:
     landed = conn.broker.table.ack(f["id"], f["lease"])
     _finish(conn, f["id"], f["lease"])
     return {"landed": landed}
 
 
-def retry(conn: Connection, f: dict[str, Any]) -> Result:
+def retry(conn: Peer, f: dict[str, Any]) -> Result:
     table = conn.broker.table
     landed = table.retry(f["id"], f["lease"], f["error"], f["delay_s"])
     _finish(conn, f["id"], f["lease"])
@@ -266,41 +319,41 @@ def retry(conn: Connection, f: dict[str, Any]) -> Result:
     return {"landed": landed}
 
 
-def fail(conn: Connection, f: dict[str, Any]) -> Result:
+def fail(conn: Peer, f: dict[str, Any]) -> Result:
     landed = conn.broker.table.fail(f["id"], f["lease"], f["error"])
     _finish(conn, f["id"], f["lease"])
     return {"landed": landed}
 
 
-def heartbeat(conn: Connection, f: dict[str, Any]) -> Result:
+def heartbeat(conn: Peer, f: dict[str, Any]) -> Result:
     return {"landed": conn.broker.table.heartbeat(f["id"], f["lease"])}
 
 
-def ack_batch(conn: Connection, f: dict[str, Any]) -> Result:
+def ack_batch(conn: Peer, f: dict[str, Any]) -> Result:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
     landed = conn.broker.table.ack_many(pairs)
     conn.broker.dispatcher.finished_many(conn.subscription, pairs)
     return {"landed": landed}
 
 
-def heartbeat_batch(conn: Connection, f: dict[str, Any]) -> Result:
+def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Result:
     table = conn.broker.table
     return {"landed": [table.heartbeat(item["id"], item["lease"]) for item in f["items"]]}
 
 
-def pause(conn: Connection, f: dict[str, Any]) -> Result:
+def pause(conn: Peer, f: dict[str, Any]) -> Result:
     conn.broker.queue(f["queue"]).pause()
     return {"paused": True}
 
 
-def resume(conn: Connection, f: dict[str, Any]) -> Result:
+def resume(conn: Peer, f: dict[str, Any]) -> Result:
     queue = _known_queue(conn, f["queue"])
     queue.resume()
     conn.broker.dispatcher.queue_changed(queue.name)
     return {"paused": False}
 
 
-def redrive(conn: Connection, f: dict[str, Any]) -> Result:
+def redrive(conn: Peer, f: dict[str, Any]) -> Result:
     table = conn.broker.table
     redriven = table.redrive(f["id"])
     name = table.queue_of(f["id"]) if redriven else None
@@ -309,15 +362,15 @@ def redrive(conn: Connection, f: dict[str, Any]) -> Result:
     return {"redriven": redriven}
 
 
-def purge_dead(conn: Connection, f: dict[str, Any]) -> Result:
+def purge_dead(conn: Peer, f: dict[str, Any]) -> Result:
     return {"purged": _known_queue(conn, f["queue"]).purge_dead()}
 
 
-def sweep(conn: Connection, f: dict[str, Any]) -> Result:
+def sweep(conn: Peer, f: dict[str, Any]) -> Result:
     return conn.broker.dispatcher.sweep()
 
 
-def watch(conn: Connection, f: dict[str, Any]) -> Result:
+def watch(conn: Peer, f: dict[str, Any]) -> Result:
     conn.broker.feed.watch(conn, f)
     return {}
 

@@ -74,3 +74,40 @@ def test_the_commit_gate_knows_only_engine_and_store() -> None:
     for module in imports(ROOT / "broker" / "commit.py"):
         if module.startswith("broker."):
             assert module.startswith(("broker.engine", "broker.store")), module
+
+
+def _broker_node(module: str) -> str | None:
+    """The node of the import graph a ``broker`` module belongs to: a top-level module of
+    its own, or its subpackage (``broker.engine``, ``broker.store``) as one."""
+    parts = module.split(".")
+    if parts[0] != "broker" or len(parts) == 1:
+        return None  # not ours, or the package's __init__ (its version string)
+    return ".".join(parts[:2])
+
+
+def test_no_import_cycles_among_the_brokers_modules() -> None:
+    graph: dict[str, set[str]] = {}
+    for path in files("broker"):
+        node = _broker_node(".".join(path.relative_to(ROOT).with_suffix("").parts))
+        if node is None:
+            continue
+        edges = graph.setdefault(node, set())
+        for module in imports(path):
+            target = _broker_node(module)
+            if target is not None and target != node:
+                edges.add(target)
+
+    def cycle_from(start: str, node: str, seen: list[str]) -> list[str] | None:
+        for target in sorted(graph.get(node, ())):
+            if target == start:
+                return [*seen, target]
+            if target not in seen:
+                found = cycle_from(start, target, [*seen, target])
+                if found:
+                    return found
+        return None
+
+    for start in sorted(graph):
+        cycle = cycle_from(start, start, [start])
+        assert cycle is None, " -> ".join(cycle)
+    assert {"broker.server", "broker.connection", "broker.ops", "broker.http"} <= set(graph)

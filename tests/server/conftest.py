@@ -21,7 +21,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from broker import server
+from broker import connection
 from broker.config import Config
 from broker.server import Broker, running_broker
 
@@ -216,14 +216,14 @@ def with_config(**changes: Any) -> Any:
 
 def record_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """Every frame the brokers' connections write from now on, in the order written (the
-    broker's own write path, ``_Socket.write_text_frames``)."""
+    broker's own write path, ``Socket.write_text_frames``)."""
     written: list[bytes] = []
-    write = server._Socket.write_text_frames
+    write = connection.Socket.write_text_frames
 
     def recording(self: Any, outbox: Any, limit: int) -> None:
         queued = list(outbox)
         write(self, outbox, limit)
         written.extend(queued[: len(queued) - len(outbox)])  # what this call took
 
-    monkeypatch.setattr(server._Socket, "write_text_frames", recording)
+    monkeypatch.setattr(connection.Socket, "write_text_frames", recording)
     return written

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from broker.connection import Connection, Socket
 from broker.ops import HANDLERS
-from broker.server import Broker, Connection, _Socket
+from broker.server import Broker
 from sdk._wire import OPS, ErrorCode, Field, Kind, Op
 
 from .conftest import (
@@ -752,9 +753,7 @@ async def test_invalid_utf8_after_good_frames_in_one_read_closes_1007(
 def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None:
     from websockets.frames import Frame, Opcode
 
-    from broker.server import _Socket
-
-    sock = object.__new__(_Socket)  # only the message routing, no transport
+    sock = object.__new__(Socket)  # only the message routing, no transport
     sock.request = object()  # type: ignore[assignment]  # the handshake is over
     got: list[str | bytes] = []
     sock.process_event(Frame(Opcode.TEXT, b"one"))
@@ -798,14 +797,14 @@ async def test_a_peer_that_pipelines_large_replies_and_never_reads_holds_bounded
     no_errors_logged: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    held: asyncio.Queue[_Socket] = asyncio.Queue()
-    hold = _Socket.hold
+    held: asyncio.Queue[Socket] = asyncio.Queue()
+    hold = Socket.hold
 
-    def noting_holds(ws: _Socket) -> None:
+    def noting_holds(ws: Socket) -> None:
         held.put_nowait(ws)
         hold(ws)
 
-    monkeypatch.setattr(_Socket, "hold", noting_holds)
+    monkeypatch.setattr(Socket, "hold", noting_holds)
     ended: asyncio.Queue[Connection] = asyncio.Queue()
     release = Connection.release
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from broker import __version__
-from broker.server import Broker, Connection
+from broker.connection import Connection
+from broker.server import Broker
 from sdk._wire import Role
 
 from .conftest import ClientFactory, RawClient, stalled_socket, with_config

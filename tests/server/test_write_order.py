@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from broker import server
+from broker import connection
 from broker.server import Broker
 from broker.store import SqliteStore
 from broker.store import sqlite as sqlite_store
@@ -234,7 +234,7 @@ async def test_an_early_frame_that_cannot_be_delivered_stops_neither_commit_nor_
         raise RuntimeError("a bug in one connection's write path")
 
     [subscription] = broker.dispatcher.subscriptions
-    assert isinstance(subscription.owner, server.Connection)
+    assert isinstance(subscription.owner, connection.Connection)
     monkeypatch.setattr(subscription.owner, "flush_now", broken)
     reply = await publisher.call("enqueue", queue="order", payload=1)
     assert reply["id"]

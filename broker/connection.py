@@ -1,0 +1,517 @@
+"""One WebSocket connection: its roles, its outbox and writer, its frames handled.
+
+Each connection has a reader (``Connection.run``: frames arrive through ``_on_message``,
+called by the socket as they are parsed) and a writer task draining an outbox bounded in
+frames and in unsent bytes, so that pushing to a worker never awaits that worker: a
+peer that stops reading is no longer read, gets no more pushes, and is dropped once its
+socket takes nothing for ``ping_timeout_s``; its jobs lapse after the disconnect grace
+like any dropped worker's.
+
+What a connection needs of the broker is the ``Hub`` below; the broker (``server``)
+provides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import anyio
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+from sdk._socket import DirectReader, text_header, write_joined
+from sdk._wire import (
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
+    ErrorCode,
+    Op,
+    Role,
+    WireError,
+    binary_frame_error,
+    decode,
+    encode,
+    ok_reply,
+    parse_envelope,
+    validate_fields,
+)
+
+from .auth import TokenSlots, bearer
+from .commit import CommitGate
+from .config import Config
+from .dispatch import Dispatcher, Subscription
+from .engine import InvalidArgument
+from .feed import Feed
+from .ops import HANDLERS
+from .ops import Broker as OpsBroker
+
+__all__ = ["Connection", "Hub", "Socket"]
+
+# An enum member as a module name: read once, not off its class for every frame.
+_OPEN = State.OPEN
+
+log = logging.getLogger("conveyor")
+
+# Frames handed to the socket in one write, at most (see Connection._write_some).
+_WRITE_BATCH_BYTES = 256 * 1024
+
+# Errors that count toward closing a peer that keeps sending garbage.
+_GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
+
+
+class Hub(OpsBroker, Protocol):
+    """What a connection uses of the broker: the handlers' view of it, and more."""
+
+    config: Config
+    clock: Callable[[], float]
+    gate: CommitGate | None
+    dispatcher: Dispatcher
+    feed: Feed
+    closing: bool
+    tokens: TokenSlots
+
+
+class Socket(DirectReader, ServerConnection):
+    """websockets' server connection, with two shortcuts on the hot path.
+
+    Writing: each batch of frames goes out in one piece (``send_data``,
+    ``write_text_frames``). Reading: each data message goes straight to the connection's
+    handler (``DirectReader``, shared with the SDK's end: see ``sdk/_socket.py``).
+    """
+
+    FROM_CLIENTS = True
+
+    def handshaken(self) -> bool:
+        return self.request is not None
+
+    def send_data(self) -> None:
+        write_joined(self.protocol, self.transport)
+
+    def write_text_frames(self, outbox: deque[bytes], limit: int) -> int:
+        """Frame texts from the left of ``outbox`` (about ``limit`` bytes of them, at least
+        one) and write them in one piece; return the bytes of text taken. Call only while
+        the connection is open.
+
+        The frames are a server's: unfragmented, unmasked (``text_header``). Anything
+        websockets itself queued (a pong) is written first, so frames stay in the order
+        they were made.
+        """
+        if self.protocol.writes:
+            self.send_data()
+        parts: list[bytes] = []
+        size = 0
+        while outbox and size < limit:
+            data = outbox.popleft()
+            parts.append(text_header(len(data)))
+            parts.append(data)
+            size += len(data)
+        self.transport.write(b"".join(parts))
+        return size
+
+
+class Connection:
+    """One WebSocket connection: its roles, its subscription, its outbox."""
+
+    def __init__(self, broker: Hub, ws: ServerConnection) -> None:
+        self.broker = broker
+        self.ws = ws
+        self.hello_done = False
+        self.client: str | None = None
+        self.token: str | None = None
+        self.subscription: Subscription | None = None
+        self._outbox: deque[bytes] = deque()
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._flush_soon = False
+        self._early_pushes = False  # see send_early
+        self._bad_in_a_row = 0
+        # Set by close_soon: nothing more is read; what was answered still goes out.
+        self._ending = False
+        # Set once every frame before the close is queued: the writer closes after them.
+        self._closing = False
+        # Bytes queued in the outbox and not yet handed to the socket.
+        self._unsent = 0
+        self._max_unsent = broker.config.max_unsent_bytes
+        self.connected_at = broker.clock()
+        self.last_seen_at = self.connected_at
+        # Reading pauses while this many frames wait in the outbox (see _on_message).
+        self._high_water = max(1, broker.config.max_outbox_frames // 2)
+        # A close to start once the error reply of the frame being handled is queued.
+        self._close_after_reply: tuple[int, str] | None = None
+        config = broker.config
+        header_token = bearer(ws.request.headers) if ws.request is not None else None
+        self.roles: frozenset[Role] = frozenset()
+        if not config.tokens:
+            self.roles = frozenset(Role)
+        elif header_token:
+            try:
+                self._take_token(header_token)
+            except WireError:  # over the per-token limit: no reply to give, just close
+                assert self._close_after_reply is not None
+                self.close_soon(*self._close_after_reply)
+
+    # -- authentication -------------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> None:
+        """``hello``'s token: grant its roles, or raise ``unauthorized``/``limit_exceeded``."""
+        config = self.broker.config
+        if not config.tokens:
+            return  # open broker: a token sent anyway is ignored
+        if token is None:
+            if self.token is not None:
+                return  # the header already authenticated this connection
+            raise WireError(ErrorCode.UNAUTHORIZED, "token: this broker needs a token", "token")
+        if config.roles_for(token) is None:
+            self._close_after_reply = (CLOSE_POLICY_VIOLATION, "unknown token")
+            raise WireError(ErrorCode.UNAUTHORIZED, "token: unknown token", "token")
+        self._take_token(token)
+
+    def _take_token(self, token: str) -> None:
+        config = self.broker.config
+        roles = config.roles_for(token)
+        assert roles is not None
+        tokens = self.broker.tokens
+        if self.token is not None and self.token != token:
+            tokens.release(self.token)
+            self.token = None
+        if self.token is None:
+            try:
+                tokens.take(token)
+            except WireError:
+                self._close_after_reply = (
+                    CLOSE_TRY_AGAIN_LATER,
+                    "too many connections for this token",
+                )
+                raise
+            self.token = token
+        self.roles = roles
+
+    # -- sending --------------------------------------------------------------------------
+
+    def send(self, frame: dict[str, Any]) -> None:
+        """Queue one frame for the writer; never blocks. Drops a peer that stopped reading.
+
+        With a durable store the frame first waits in the commit gate until the changes
+        made before it are on disk.
+        """
+        if self._closing:
+            return
+        gate = self.broker.gate
+        if gate is None:
+            self._deliver(encode(frame))
+        else:
+            gate.hold(self._deliver_held, self._count(encode(frame)))
+
+    def send_early(self, frame: dict[str, Any]) -> None:
+        """Like ``send``, for a ``jobs`` push whose claims may leave once they are written,
+        before the fsync (see ``broker/commit.py``). Until this connection's ``subscribe``
+        is answered its pushes wait like any frame, so that the reply comes first."""
+        gate = self.broker.gate
+        if gate is None or not self._early_pushes:
+            self.send(frame)
+        elif not self._closing:
+            gate.hold_early(self._deliver_held, self._count(encode(frame)), self.flush_now)
+
+    def _deliver_subscribed(self, data: bytes) -> None:
+        # The reply to subscribe: from now on this connection's pushes may leave early.
+        self._deliver_held(data)
+        self._early_pushes = True
+
+    def push_now(self, frame: dict[str, Any]) -> None:
+        """Queue a frame that confirms nothing (a dashboard snapshot): no commit wait."""
+        self._deliver(encode(frame))
+
+    @property
+    def caught_up(self) -> bool:
+        """Whether every frame queued so far has gone to the socket."""
+        return not self._outbox and not self._closing
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes of frames for this peer not yet on the wire: queued here, or handed to
+        the socket's transport and not yet taken by the kernel."""
+        ws = self.ws
+        return self._unsent + ws.transport.get_write_buffer_size()
+
+    @property
+    def reading_held(self) -> bool:
+        """Whether reading waits until what is unsent has gone out (see ``_on_message``)."""
+        ws = self.ws
+        assert isinstance(ws, Socket)
+        return ws.holding
+
+    def _count(self, data: bytes) -> bytes:
+        """Count ``data`` as unsent from now on (held in the commit gate counts too)."""
+        self._unsent += len(data)
+        if self._unsent >= self._max_unsent:
+            # Bounded in bytes: reading pauses (_on_message) and the dispatcher pushes
+            # nothing more here until the socket has taken these bytes.
+            sub = self.subscription
+            if sub is not None and not sub.congested:
+                self.broker.dispatcher.congested(sub, True)
+        return data
+
+    def _deliver(self, data: bytes) -> None:
+        """Queue ``data`` for the writer now."""
+        if not self._closing:
+            self._deliver_held(self._count(data))
+
+    def _deliver_held(self, data: bytes) -> None:
+        """Queue ``data``, counted when it went into the commit gate, for the writer."""
+        if self._closing:
+            return
+        self._outbox.append(data)
+        if not self._flush_soon:
+            self._flush_soon = True
+            self._loop.call_soon(self.flush_now)
+        if len(self._outbox) > self.broker.config.max_outbox_frames:
+            self._drop("too slow: not reading its frames")
+
+    def _drop(self, reason: str) -> None:
+        """Forget what is queued and close 1008 now: the peer does not keep up."""
+        self._outbox.clear()
+        self._unsent = 0
+        self._ending = True
+        self._begin_close(CLOSE_POLICY_VIOLATION, reason)
+
+    def _drained(self) -> None:
+        """Everything queued has gone to the socket and the socket takes more."""
+        if self._unsent >= self._max_unsent:
+            return  # still held in the commit gate: its release calls this again
+        ws = self.ws
+        assert isinstance(ws, Socket)
+        ws.release()  # reading again, if it was held
+        sub = self.subscription
+        if sub is not None and sub.congested:
+            self.broker.dispatcher.congested(sub, False)
+
+    def flush_now(self) -> None:
+        """Write what is queued now, if it was not written yet (see ``_flush``)."""
+        if self._flush_soon:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the outbox, once per loop iteration however many frames were queued in it.
+
+        This is the path while the socket takes every byte: no task switch, no await.
+        When it pushes back (a peer reading slower than we write), or the connection is
+        closing or no longer open, the writer task takes over: it waits for the socket,
+        at most ``ping_timeout_s``, and closes.
+        """
+        self._flush_soon = False
+        ws = self.ws
+        assert isinstance(ws, Socket)
+        outbox = self._outbox
+        while outbox:
+            if (
+                self._closing
+                or ws.paused
+                or ws.protocol.state is not _OPEN
+                or ws.transport.is_closing()
+            ):
+                self._wake.set()
+                return
+            self._unsent -= ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
+        if ws.paused:
+            self._wake.set()  # the writer task watches the socket drain
+        else:
+            self._drained()
+
+    def close_soon(self, code: int, reason: str) -> None:
+        """Read nothing more, and close once every frame answered so far is out.
+
+        With a durable store the replies before the close may still wait in the commit
+        gate: the close waits behind them there, so a peer closed for bad frames still
+        gets every reply (and every error) sent before the close frame.
+        """
+        if self._ending:
+            return
+        self._ending = True
+        gate = self.broker.gate
+        if gate is None:
+            self._begin_close(code, reason)
+        else:
+            gate.hold(lambda _: self._begin_close(code, reason), b"")
+
+    def _begin_close(self, code: int, reason: str) -> None:
+        """Queue nothing more; the writer sends what is queued, then the close frame."""
+        if self._closing:
+            return
+        self._closing = True
+        self._close_code = code
+        self._close_reason = reason
+        self._wake.set()
+
+    async def _writer(self, scope: anyio.CancelScope) -> None:
+        """Write the outbox in order, then close when asked; the connection ends with it."""
+        ws = self.ws
+        outbox = self._outbox
+        # A peer that takes no bytes for this long is as dead as one that misses a pong,
+        # and no close frame can reach it either: its connection is cut instead.
+        bound = self.broker.config.ping_timeout_s
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while outbox:
+                    taken = await self._write_some(ws, outbox, bound)
+                    self._unsent -= taken  # (not ``-= await``: it would read before)
+                if ws.paused:
+                    with anyio.fail_after(bound):
+                        await ws.drain()
+                self._drained()
+                if self._closing:
+                    with anyio.fail_after(bound):
+                        await ws.close(self._close_code, self._close_reason)
+                    return
+        except TimeoutError:
+            log.info("dropped a connection that stopped reading its frames")
+            ws.transport.abort()
+        except ConnectionClosed:
+            pass
+        finally:
+            scope.cancel()  # the reader and the authentication deadline end too
+
+    @staticmethod
+    async def _write_some(ws: ServerConnection, outbox: deque[bytes], bound: float) -> int:
+        """Frame a batch of queued frames and hand them to the socket in one write.
+
+        This is ``send_context`` (websockets' documented way to write through its protocol
+        object) unrolled for the case that matters: the connection is open and the socket
+        takes the bytes, so nothing is awaited and no timer is armed. Only when the
+        transport pushes back (the peer reads slower than we write) does it wait, for at
+        most ``bound`` seconds (then ``TimeoutError``). A connection that is no longer open
+        takes the documented path, which waits for the close and raises
+        ``ConnectionClosed``. The batch is bounded so that a slow peer's unsent bytes stay
+        bounded too; one write per batch instead of per frame is most of what many small
+        replies cost. Returns the bytes of text taken from ``outbox``.
+        """
+        protocol = ws.protocol
+        if protocol.state is not _OPEN or ws.transport.is_closing():
+            with anyio.fail_after(bound):
+                async with ws.send_context():
+                    pass
+            return 0
+        assert isinstance(ws, Socket)
+        taken = ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
+        if ws.paused:
+            with anyio.fail_after(bound):
+                await ws.drain()
+        return taken
+
+    # -- receiving ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Handle the peer's frames until it goes; the writer runs beside it.
+
+        Frames arrive through ``_on_message``, called by the socket as they are parsed;
+        this only waits for the connection to end.
+        """
+        ws = self.ws
+        assert isinstance(ws, Socket)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._writer, tg.cancel_scope)
+            if self.broker.config.tokens and not self.roles:
+                tg.start_soon(self._auth_deadline)
+            try:
+                ws.attach(self._on_message)
+                await ws.wait_closed()
+            finally:
+                ws.attach(None)
+                if not self._closing:
+                    tg.cancel_scope.cancel()
+
+    def _on_message(self, message: str | bytes) -> None:
+        if self._ending:
+            return  # the writer sends what is answered and closes; nothing more is read
+        self.handle_frame(message)
+        # Replies waiting beyond this stop the reading until they are written, so a peer
+        # that pipelines requests is slowed by TCP flow control, not dropped as slow. The
+        # requests already read (one read can hold thousands) wait too: handled now, their
+        # replies alone could overflow the outbox, or fill memory (a pipelined get_job
+        # of a large job is a large reply from a small request).
+        if len(self._outbox) >= self._high_water or self._unsent >= self._max_unsent:
+            ws = self.ws
+            assert isinstance(ws, Socket)
+            ws.hold()
+
+    async def _auth_deadline(self) -> None:
+        await anyio.sleep(self.broker.config.handshake_timeout_s)
+        if not self.roles:
+            self.close_soon(CLOSE_POLICY_VIOLATION, "no token given in time")
+
+    def handle_frame(self, message: str | bytes) -> None:
+        """Decode, check, call the handler, queue the reply. Never raises."""
+        rid = None
+        self.last_seen_at = self.broker.clock()
+        try:
+            if isinstance(message, bytes):
+                raise binary_frame_error()
+            frame = decode(message)
+            spec, rid = parse_envelope(frame)
+            if not spec.allows(self.roles):
+                code = ErrorCode.FORBIDDEN if self.roles else ErrorCode.UNAUTHORIZED
+                verb = "may not" if self.roles else "must authenticate to"
+                raise WireError(code, f"op: this connection {verb} call {spec.op.value!r}", "op")
+            if self.broker.closing:
+                raise WireError(ErrorCode.UNAVAILABLE, "the broker is shutting down")
+            fields = validate_fields(spec, frame, rid=rid, max_batch=self.broker.config.max_batch)
+            result = HANDLERS[spec.op](self, fields)
+        except WireError as exc:
+            if exc.rid is None:
+                exc.rid = rid
+            self._refuse(exc)
+            return
+        except InvalidArgument as exc:
+            self._refuse(WireError(ErrorCode(exc.code), str(exc), exc.field, rid=rid))
+            return
+        except Exception:
+            # Our bug, not the peer's: log it whole, tell the peer nothing but "internal".
+            log.exception("internal error handling a frame")
+            self._refuse(WireError(ErrorCode.INTERNAL, "internal error", rid=rid))
+            return
+        self._bad_in_a_row = 0
+        if spec.op is Op.SUBSCRIBE:
+            self._answer_subscribe(rid, result)
+        elif rid is not None:
+            self.send(ok_reply(rid, result))
+        elif self.broker.gate is not None:
+            self.broker.gate.poke()  # a fire-and-forget change still gets committed
+
+    def _answer_subscribe(self, rid: Any, result: dict[str, Any] | None) -> None:
+        gate = self.broker.gate
+        if rid is None:
+            self._early_pushes = True  # no reply to come first
+            if gate is not None:
+                gate.poke()
+        elif gate is None or self._closing:
+            self.send(ok_reply(rid, result))
+        else:
+            gate.hold(self._deliver_subscribed, self._count(encode(ok_reply(rid, result))))
+
+    def _refuse(self, exc: WireError) -> None:
+        self.send(exc.reply())
+        if self._close_after_reply is not None:
+            self.close_soon(*self._close_after_reply)
+        if exc.code in _GARBAGE:
+            self._bad_in_a_row += 1
+            if self._bad_in_a_row >= self.broker.config.max_bad_frames:
+                self.close_soon(CLOSE_POLICY_VIOLATION, "too many bad frames")
+        else:
+            self._bad_in_a_row = 0
+
+    def release(self) -> None:
+        """The connection is over: its subscription ends, its token slot frees."""
+        self._closing = True
+        self._ending = True
+        self.broker.feed.forget(self)
+        if self.subscription is not None:
+            self.broker.dispatcher.unsubscribe(self.subscription)
+            self.subscription = None
+        if self.token is not None:
+            self.broker.tokens.release(self.token)
+            self.token = None
