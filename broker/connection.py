@@ -44,6 +44,7 @@ from .auth import TokenSlots, bearer
 from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription
+from .egress import IMMEDIATE, Gate, Out, Wait, wait_for
 from .engine import InvalidArgument
 from .feed import Feed
 from .ops import HANDLERS
@@ -136,6 +137,8 @@ class Connection:
         # Bytes queued in the outbox and not yet handed to the socket.
         self._unsent = 0
         self._max_unsent = broker.config.max_unsent_bytes
+        # Where frames wait (broker/egress.py): the store's commit gate, or none.
+        self._gate: Gate = broker.gate if broker.gate is not None else IMMEDIATE
         self.connected_at = broker.clock()
         self.last_seen_at = self.connected_at
         # Reading pauses while this many frames wait in the outbox (see _on_message).
@@ -192,38 +195,34 @@ class Connection:
 
     # -- sending --------------------------------------------------------------------------
 
-    def send(self, frame: dict[str, Any]) -> None:
-        """Queue one frame for the writer; never blocks. Drops a peer that stopped reading.
-
-        With a durable store the frame first waits in the commit gate until the changes
-        made before it are on disk.
-        """
+    def emit(self, out: Out, frame: dict[str, Any]) -> None:
+        """Queue ``frame`` for the writer once what it waits for is met (``egress``: the
+        one table of waits); never blocks. Drops a peer that stopped reading."""
         if self._closing:
             return
-        gate = self.broker.gate
-        if gate is None:
-            self._deliver(encode(frame))
+        data = encode(frame)
+        wait = wait_for(out, self._early_pushes)
+        if wait is Wait.NOTHING:
+            self._deliver(data)
+            return
+        deliver = self._deliver_subscribed if out is Out.SUBSCRIBED else self._deliver_held
+        if wait is Wait.WRITTEN:
+            self._gate.hold_early(deliver, self._count(data), self.flush_now)
         else:
-            gate.hold(self._deliver_held, self._count(encode(frame)))
+            self._gate.hold(deliver, self._count(data))
 
-    def send_early(self, frame: dict[str, Any]) -> None:
-        """Like ``send``, for a ``jobs`` push whose claims may leave once they are written,
-        before the fsync (see ``broker/commit.py``). Until this connection's ``subscribe``
-        is answered its pushes wait like any frame, so that the reply comes first."""
-        gate = self.broker.gate
-        if gate is None or not self._early_pushes:
-            self.send(frame)
-        elif not self._closing:
-            gate.hold_early(self._deliver_held, self._count(encode(frame)), self.flush_now)
+    def send(self, frame: dict[str, Any]) -> None:
+        """``emit`` a reply: it leaves once what changed before it is durable."""
+        self.emit(Out.REPLY, frame)
+
+    def push_now(self, frame: dict[str, Any]) -> None:
+        """``emit`` a frame that confirms nothing (a dashboard snapshot)."""
+        self.emit(Out.SNAPSHOT, frame)
 
     def _deliver_subscribed(self, data: bytes) -> None:
         # The reply to subscribe: from now on this connection's pushes may leave early.
         self._deliver_held(data)
         self._early_pushes = True
-
-    def push_now(self, frame: dict[str, Any]) -> None:
-        """Queue a frame that confirms nothing (a dashboard snapshot): no commit wait."""
-        self._deliver(encode(frame))
 
     @property
     def caught_up(self) -> bool:
@@ -331,11 +330,8 @@ class Connection:
         if self._ending:
             return
         self._ending = True
-        gate = self.broker.gate
-        if gate is None:
-            self._begin_close(code, reason)
-        else:
-            gate.hold(lambda _: self._begin_close(code, reason), b"")
+        assert wait_for(Out.CLOSE, self._early_pushes) is Wait.DURABLE
+        self._gate.hold(lambda _: self._begin_close(code, reason), b"")
 
     def _begin_close(self, code: int, reason: str) -> None:
         """Queue nothing more; the writer sends what is queued, then the close frame."""
@@ -479,19 +475,15 @@ class Connection:
             self._answer_subscribe(rid, result)
         elif rid is not None:
             self.send(ok_reply(rid, result))
-        elif self.broker.gate is not None:
-            self.broker.gate.poke()  # a fire-and-forget change still gets committed
+        else:
+            self._gate.poke()  # a fire-and-forget change still gets committed
 
     def _answer_subscribe(self, rid: Any, result: dict[str, Any] | None) -> None:
-        gate = self.broker.gate
         if rid is None:
             self._early_pushes = True  # no reply to come first
-            if gate is not None:
-                gate.poke()
-        elif gate is None or self._closing:
-            self.send(ok_reply(rid, result))
+            self._gate.poke()
         else:
-            gate.hold(self._deliver_subscribed, self._count(encode(ok_reply(rid, result))))
+            self.emit(Out.SUBSCRIBED, ok_reply(rid, result))
 
     def _refuse(self, exc: WireError) -> None:
         self.send(exc.reply())

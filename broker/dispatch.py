@@ -38,6 +38,7 @@ from typing import Any
 
 from sdk._wire import cancelled_push, jobs_push, pushed_job
 
+from .egress import Out
 from .engine import JobHandle, JobTable, Queue
 
 __all__ = ["Dispatcher", "Subscription"]
@@ -54,13 +55,12 @@ class Subscription:
 
     __slots__ = (
         "congested",
+        "emit",
         "flush",
         "in_flight",
         "owner",
         "prefetch",
         "queues",
-        "send",
-        "send_early",
         "worker_id",
     )
 
@@ -69,20 +69,18 @@ class Subscription:
         worker_id: str,
         queues: list[Queue],
         prefetch: int,
-        send: Callable[[dict[str, Any]], None],
+        emit: Callable[[Out, dict[str, Any]], None],
         owner: object = None,
         flush: Callable[[], None] = lambda: None,
-        send_early: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.owner = owner  # the server's connection, opaque here (the dashboard reads it)
         self.queues = queues
         self.prefetch = prefetch
-        self.send = send  # queues one frame on the connection; never blocks
-        # The same for a jobs push that need not wait for the fsync of its claims (none
-        # is any job's last attempt; see broker/commit.py); ``send`` when not given.
-        self.send_early = send if send_early is None else send_early
-        # Writes what send queued now, rather than at the loop's next turn; never blocks.
+        # Queues one frame, tagged with what it is (broker/egress.py decides when it
+        # leaves), on the connection; never blocks.
+        self.emit = emit
+        # Writes what emit queued now, rather than at the loop's next turn; never blocks.
         self.flush = flush
         self.in_flight: dict[str, str] = {}  # lease -> job id
         # Its connection has too many bytes unsent: it gets nothing until they are out.
@@ -250,7 +248,7 @@ class Dispatcher:
         sub = None if holder is None else self._free(holder[0], job_id, holder[1])
         if sub is None:
             return
-        sub.send(cancelled_push([job_id]))
+        sub.emit(Out.NOTICE, cancelled_push([job_id]))
         self._set_hungry(sub)
 
     def queue_changed(self, name: str) -> None:
@@ -400,8 +398,8 @@ class Dispatcher:
         with ``--sync normal`` too, whole windows drain a median 15% faster. So the
         broker turns halves off for a durable store.
 
-        A frame goes by ``sub.send_early`` (out once its claims are written) unless it
-        holds a job's last attempt: then by ``sub.send`` (out once they are durable).
+        A frame is a ``PUSH`` unless it holds a job's last attempt: then a ``LAST_PUSH``
+        (``broker/egress.py`` says what each waits for).
         """
         observe = self.push_latency
         if observe is not None:
@@ -410,20 +408,17 @@ class Dispatcher:
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
         size = 0
-        # A frame with a job's last attempt waits for the fsync of its claim: once that
-        # attempt has gone out, no power loss may hand the job out again (max_attempts 1
-        # is at most one start). The others may leave once their claims are written.
-        last = False
+        last = False  # whether the frame holds a job's last attempt
         for handle in handles:
             frame.append(pushed_job(handle))
             size += len(handle.payload_json)
             if handle.attempt >= handle.max_attempts:
                 last = True
             if size >= _FRAME_PAYLOAD_BUDGET or len(frame) >= per_frame:
-                (sub.send if last else sub.send_early)(jobs_push(frame))
+                sub.emit(Out.LAST_PUSH if last else Out.PUSH, jobs_push(frame))
                 frame, size, last = [], 0, False
         if frame:
-            (sub.send if last else sub.send_early)(jobs_push(frame))
+            sub.emit(Out.LAST_PUSH if last else Out.PUSH, jobs_push(frame))
         self.pushed += len(handles)
 
     # -- time -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from sdk._wire import (
 from . import __version__
 from .config import Config
 from .dispatch import Dispatcher, Subscription
+from .egress import Out
 from .engine import InvalidArgument, JobTable, NewJob, Queue, RawJSON
 from .feed import Feed, Viewer
 
@@ -79,8 +80,8 @@ class Peer(Viewer, Protocol):
         """Queue a frame, after the commit of what changed before it."""
         ...
 
-    def send_early(self, frame: dict[str, Any]) -> None:
-        """Queue a ``jobs`` push that may leave once its claims are written."""
+    def emit(self, out: Out, frame: dict[str, Any]) -> None:
+        """Queue a frame of kind ``out``; ``broker/egress.py`` says when it leaves."""
         ...
 
     def flush_now(self) -> None:
@@ -281,10 +282,9 @@ def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
         f["worker_id"],
         queues,
         prefetch,
-        conn.send,
+        conn.emit,
         owner=conn,
         flush=conn.flush_now,
-        send_early=conn.send_early,
     )
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub

@@ -111,3 +111,9 @@ def test_no_import_cycles_among_the_brokers_modules() -> None:
         cycle = cycle_from(start, start, [start])
         assert cycle is None, " -> ".join(cycle)
     assert {"broker.server", "broker.connection", "broker.ops", "broker.http"} <= set(graph)
+
+
+def test_the_egress_rules_are_pure() -> None:
+    for module in imports(ROOT / "broker" / "egress.py"):
+        top = module.split(".")[0]
+        assert top in {"__future__", "enum", "collections", "typing"}, module
