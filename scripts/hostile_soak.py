@@ -152,11 +152,21 @@ class Tally:
     """What the hostile connections saw."""
 
     budget: int  # hostile frames still to send
+    rate: float = 0.0  # hostile frames a second in all, at most (0: as fast as they go)
+    started: float = field(default_factory=time.monotonic)
     sent: int = 0
     replies: Counter[str] = field(default_factory=Counter)  # "ok" or the error code
     closes: Counter[int | None] = field(default_factory=Counter)
     connects: int = 0
     elapsed_s: float = 0.0  # from the first frame to the last answer
+
+    async def pace(self) -> None:
+        """Wait until the next frame is due at ``rate`` (at once when unlimited)."""
+        if self.rate > 0:
+            due = self.started + self.sent / self.rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # pacing the sender, not waiting on an event
 
     def take(self) -> bool:
         """Whether one more frame may be sent (and count it)."""
@@ -241,6 +251,7 @@ async def hostile_connection(url: str, tally: Tally, rng: random.Random) -> None
         tally.connects += 1
         try:
             while tally.budget > 0:
+                await tally.pace()
                 await burst(ws, tally, rng)
         except (ConnectionClosed, TimeoutError):
             pass
@@ -325,6 +336,7 @@ async def run_publishers(url: str, normal: Normal, publishers: int, stop: asynci
 @dataclass
 class Settings:
     frames: int = 100_000
+    rate: float = 0.0  # hostile frames a second, at most; 0: as fast as they go
     connections: int = 50
     duration_s: float = 600.0
     seed: int = 1
@@ -373,7 +385,7 @@ async def hostile_traffic(
     """The hostile connections and the stallers, until the frames are sent or the
     duration is up; what they saw, the stallers' close codes, whether it timed out."""
     loop = asyncio.get_running_loop()
-    tally = Tally(budget=settings.frames)
+    tally = Tally(budget=settings.frames, rate=settings.rate)
     stop = asyncio.Event()
     stallers = [
         loop.create_task(stalling_connection(url, big_id, settings.stall_gets, stop))
@@ -510,6 +522,9 @@ def results_table(report: Report) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--frames", type=int, default=100_000, help="hostile frames (100000)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="hostile frames a second at most (0: no cap)"
+    )
     parser.add_argument("--connections", type=int, default=50, help="hostile connections (50)")
     parser.add_argument("--duration", type=float, default=600.0, help="cap in seconds (600)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the hostile frames (1)")
@@ -518,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings(
         frames=args.frames,
+        rate=args.rate,
         connections=args.connections,
         duration_s=args.duration,
         seed=args.seed,
