@@ -1,4 +1,4 @@
-"""The engine is a pure core: no I/O, event loop, clock or thread library (issue 2, section 2)."""
+"""The engine is a pure core: no I/O, event loop, clock or thread library (docs/architecture.md)."""
 
 from __future__ import annotations
 
