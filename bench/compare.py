@@ -799,9 +799,9 @@ class ConveyorSdkWorker:
         self.url, self.name = url, name
 
     async def connect(self) -> None:
-        # The Worker connects and subscribes in run(), at "go". Importing the SDK (about
-        # 60-80 ms) happens here, before "ready", as the other clients' imports do: at
-        # "go" it stalled the first jobs of every latency round.
+        # The Worker connects and subscribes in run(), at "go". Importing the SDK happens
+        # here, before "ready", as the other clients' imports do: at "go" it stalled the
+        # first jobs of every latency round.
         from sdk import Worker
 
         self.worker = Worker(self.url, queues=[QUEUE], worker_id=self.name, prefetch=PREFETCH)
