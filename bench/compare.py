@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT: list[str] = []  # with --snapshot: the commit Conveyor runs from (git archive)
 SDK_LOOP = ["auto"]  # --sdk-loop: the SDK worker's event loop, as `conveyor worker --loop`
 HOST = "127.0.0.1"
-IN_FLIGHT = 64  # enqueue window, as the issue asks
+IN_FLIGHT = 64  # enqueue window: at most 64 jobs in flight per publisher
 PREFETCH = 64  # per worker
 FILL_WINDOW = 1000  # untimed fills (prefill before a drain, the 1,000,000 pending jobs)
 FILL_BATCH = 1000  # Conveyor fills use enqueue_batch (max_batch is 1000)
@@ -799,9 +799,9 @@ class ConveyorSdkWorker:
         self.url, self.name = url, name
 
     async def connect(self) -> None:
-        # The Worker connects and subscribes in run(), at "go". Importing the SDK (about
-        # 60-80 ms) happens here, before "ready", as the other clients' imports do: at
-        # "go" it stalled the first jobs of every latency round.
+        # The Worker connects and subscribes in run(), at "go". Importing the SDK happens
+        # here, before "ready", as the other clients' imports do: at "go" it stalled the
+        # first jobs of every latency round.
         from sdk import Worker
 
         self.worker = Worker(self.url, queues=[QUEUE], worker_id=self.name, prefetch=PREFETCH)
@@ -1484,9 +1484,9 @@ def verdict(ok: bool | None) -> str:
 
 
 def print_targets(results: Results, names: list[str], cost: dict[str, Any], pending: int) -> None:
-    """The issue's targets, judged on median per-round ratios from this run."""
+    """The targets of docs/benchmarks.md, judged on median per-round ratios from this run."""
     peers = [n for n in names if not n.startswith("conveyor")]
-    say("\n== targets (issue 7), judged on this run's median per-round ratios ==")
+    say("\n== targets, judged on this run's median per-round ratios ==")
 
     def best(metric: str, conv: str, among: list[str], lower: bool = False) -> tuple[Any, Any]:
         """Conveyor's ratio to the best of ``among``: the one it compares worst against."""

@@ -1,4 +1,4 @@
-"""The crash test (issue 6, "Proof"): SIGKILL a loaded durable broker, restart it, lose nothing.
+"""The crash test: SIGKILL a loaded durable broker, restart it, lose nothing.
 
 A real ``conveyor serve --store sqlite`` process on a fixed port takes enqueues from SDK
 publishers and pushes jobs to SDK workers; it is killed with SIGKILL at seeded random

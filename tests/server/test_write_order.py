@@ -166,8 +166,8 @@ async def test_a_checkpointing_commits_push_leaves_before_its_fsync_and_checkpoi
 ) -> None:
     # A whole checkpoint: its commit is written on the loop, then fsynced and
     # checkpointed on the writer thread while the commits behind it wait. Its push
-    # leaves once it is written (a push held for the whole checkpoint, 1-1.6 ms every 250
-    # commits, was the p99 of --sync full at 1,000 jobs/s); its reply waits for both.
+    # leaves once it is written (a push held for the whole checkpoint set the p99 of
+    # --sync full); its reply waits for both.
     publisher, worker, written = await subscribed(broker, client, monkeypatch)
     note_checkpoints(monkeypatch, written, broker)
     await publisher.call("enqueue", queue="order", payload=1, max_attempts=2)
