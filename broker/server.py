@@ -55,12 +55,13 @@ from . import __version__
 from .admission import host_allowed
 from .commit import CommitGate
 from .config import Config
-from .dispatch import Dispatcher, Subscription, wall_clock
+from .dispatch import Dispatcher, Subscription
 from .engine import InvalidArgument, Queue, check_queue_name
 from .feed import Feed, queue_info
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .ops import HANDLERS
+from .scheduler import LoopScheduler, Scheduler
 from .static import StaticFiles
 from .store import open_store
 
@@ -82,16 +83,22 @@ _GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN
 class Broker:
     """The server's whole state: configuration, job table, dispatcher, connections."""
 
-    def __init__(self, config: Config, *, clock: Callable[[], float] = wall_clock) -> None:
-        """Open the store and load the table (raises ``StoreError``); call in the loop."""
+    def __init__(self, config: Config, *, scheduler: Scheduler | None = None) -> None:
+        """Open the store and load the table (raises ``StoreError``); call in the loop.
+
+        ``scheduler`` gives the broker its clock and timers (by default the running loop
+        and the wall clock)."""
         self.config = config
-        self.clock = clock
+        self.scheduler: Scheduler = LoopScheduler() if scheduler is None else scheduler
+        self.clock = clock = self.scheduler.now
         self.store = open_store(config.store, config.db_path, sync=config.sync)
         self.table = self.store.load(
             clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
         )
         config.apply_queue_opts(self.table)
-        self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
+        self.dispatcher = Dispatcher(
+            self.table, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
+        )
         # A durable store pushes whole windows: see Dispatcher._push.
         self.dispatcher.split_windows = not self.store.durable
         self.gate: CommitGate | None = None
