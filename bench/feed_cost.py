@@ -21,6 +21,7 @@ from typing import Any
 from broker.dispatch import Dispatcher
 from broker.engine import JobTable, RawJSON
 from broker.feed import Feed
+from broker.scheduler import LoopScheduler
 
 PAYLOAD = RawJSON(b'{"to":"someone@example.com","subject":"hello","body":"' + b"x" * 45 + b'"}')
 
@@ -57,7 +58,7 @@ def build(queues: int, jobs: int) -> tuple[JobTable, Feed, Clock, str]:
         for handle in queue.claim_batch("w", per_queue // 10):
             if handle.job.seq % 2:  # half the claimed ones die, half stay processing
                 handle.fail("boom")
-    dispatcher = Dispatcher(table, grace_s=5.0, clock=clock)
+    dispatcher = Dispatcher(table, grace_s=5.0, scheduler=LoopScheduler(clock))
     feed = Feed(table, dispatcher, clock=clock, server_info=lambda: {"version": "bench"})
     return table, feed, clock, some_id
 

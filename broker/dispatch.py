@@ -9,7 +9,7 @@ Theory of operation
 -------------------
 Work happens in *passes*. Anything that may make a job claimable or free a worker's
 slot (an enqueue, an ack, a subscribe, a resume, a timer) records what changed and
-calls ``kick()``, which schedules one pass with ``loop.call_soon``; everything that
+calls ``kick()``, which schedules one pass with ``call_soon``; everything that
 happened meanwhile is handled by that single pass, and every worker gets at most one
 ``jobs`` frame per pass (split only to keep frames small).
 
@@ -26,13 +26,15 @@ Hungry workers wait in one ordered set per queue, so a pass costs O(jobs handed 
 + queues touched), never O(connected workers): 10,000 idle workers cost nothing
 until work arrives. After each pass the timer is set for ``table.next_event_at()``,
 so a delayed job or a lapsing lease is pushed on time without polling.
+
+The dispatcher reads no clock and touches no event loop: time and callbacks come from
+the injected ``Scheduler`` (broker/scheduler.py), whose clock is the engine's, so that
+tests drive leases, graces and timers on a manual clock.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,6 +42,7 @@ from sdk._wire import cancelled_push, jobs_push, pushed_job
 
 from .egress import Out
 from .engine import JobHandle, JobTable, Queue
+from .scheduler import Handle, Scheduler
 
 __all__ = ["Dispatcher", "Subscription"]
 
@@ -95,12 +98,17 @@ class Subscription:
 
 
 class Dispatcher:
-    """Pushes claimable jobs to subscriptions. Call its methods from the event loop only."""
+    """Pushes claimable jobs to subscriptions.
 
-    def __init__(self, table: JobTable, *, grace_s: float, clock: Callable[[], float]) -> None:
+    ``scheduler`` runs its passes and timers and tells the time; its clock must be the
+    one ``table`` reads. Call its methods from the scheduler's thread only (the event
+    loop's, for a ``LoopScheduler``).
+    """
+
+    def __init__(self, table: JobTable, *, grace_s: float, scheduler: Scheduler) -> None:
         self.table = table
         self.grace_s = grace_s
-        self._clock = clock
+        self._scheduler = scheduler
         self._waiting: dict[str, dict[Subscription, None]] = {}
         self._hungry: dict[Subscription, None] = {}
         self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
@@ -110,11 +118,10 @@ class Dispatcher:
         # earlier, lapsed lease stays here (and takes its slot) until it is reported.
         self._lease_owners: dict[str, Subscription] = {}
         # worker id -> (lease -> job id, grace timer) for workers whose connection ended
-        self._orphans: dict[str, tuple[dict[str, str], asyncio.TimerHandle]] = {}
+        self._orphans: dict[str, tuple[dict[str, str], Handle]] = {}
         self._pass_scheduled = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Handle | None = None
         self._timer_at: float | None = None
-        self._bound_loop: asyncio.AbstractEventLoop | None = None
         self.pushed = 0  # jobs pushed since start (for metrics)
         self.after_pass: Callable[[], None] | None = None  # the commit gate's poke
         self.push_latency: Callable[[list[float]], None] | None = None
@@ -195,7 +202,8 @@ class Dispatcher:
         if entry is not None:
             entry[1].cancel()
             held.update(entry[0])
-        timer = self._loop().call_later(self.grace_s, self._end_grace, worker_id)
+        scheduler = self._scheduler
+        timer = scheduler.call_at(scheduler.now() + self.grace_s, self._end_grace, worker_id)
         self._orphans[worker_id] = (held, timer)
 
     def drain(self, sub: Subscription) -> int:
@@ -266,18 +274,7 @@ class Dispatcher:
         """Schedule one pass (once, however often it is called before the pass runs)."""
         if not self._pass_scheduled:
             self._pass_scheduled = True
-            self._loop().call_soon(self._run_pass)
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop this dispatcher runs on: the running one, the first time.
-
-        Cached because ``asyncio.get_running_loop()`` makes a ``getpid()`` system call
-        (CPython's check for a fork), and a kick per ack frame made it 3% of a drain.
-        """
-        loop = self._bound_loop
-        if loop is None:
-            loop = self._bound_loop = asyncio.get_running_loop()
-        return loop
+            self._scheduler.call_soon(self._run_pass)
 
     def close(self) -> None:
         """Cancel every timer (the broker is stopping)."""
@@ -403,7 +400,7 @@ class Dispatcher:
         """
         observe = self.push_latency
         if observe is not None:
-            now = self._clock()
+            now = self._scheduler.now()
             observe([now - handle.ready_since for handle in handles])
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
@@ -437,14 +434,13 @@ class Dispatcher:
             self._timer = None
         self._timer_at = at
         if at is not None:
-            delay = max(0.0, at - self._clock())
-            self._timer = self._loop().call_later(delay, self._on_timer)
+            self._timer = self._scheduler.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         self._timer_at = None
         at = self.table.next_event_at()
-        if at is not None and at <= self._clock():
+        if at is not None and at <= self._scheduler.now():
             self.sweep()
         # Which queues gained claimable jobs is not known without asking each one;
         # asking costs O(queues with waiting workers), once per timed event.
@@ -469,8 +465,3 @@ class Dispatcher:
             if name is not None and self.table.lapse(job_id, lease):
                 self.queue_changed(name)
         self.kick()
-
-
-def wall_clock() -> float:
-    """The broker's clock for the engine: wall-clock seconds since the epoch."""
-    return time.time()

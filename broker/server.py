@@ -29,11 +29,12 @@ from .auth import TokenSlots
 from .commit import CommitGate
 from .config import Config
 from .connection import Connection, Socket
-from .dispatch import Dispatcher, wall_clock
+from .dispatch import Dispatcher
 from .engine import InvalidArgument, Queue, check_queue_name
 from .feed import Feed, queue_info
 from .http import address, route
 from .metrics import Metrics
+from .scheduler import LoopScheduler, Scheduler
 from .static import StaticFiles
 from .store import StoreError, open_store
 
@@ -45,10 +46,14 @@ log = logging.getLogger("conveyor")
 class Broker:
     """The server's whole state: configuration, job table, dispatcher, connections."""
 
-    def __init__(self, config: Config, *, clock: Callable[[], float] = wall_clock) -> None:
-        """Open the store and load the table (raises ``StoreError``); call in the loop."""
+    def __init__(self, config: Config, *, scheduler: Scheduler | None = None) -> None:
+        """Open the store and load the table (raises ``StoreError``); call in the loop.
+
+        ``scheduler`` gives the broker its clock and timers (by default the running loop
+        and the wall clock)."""
         self.config = config
-        self.clock = clock
+        self.scheduler: Scheduler = LoopScheduler() if scheduler is None else scheduler
+        self.clock = clock = self.scheduler.now
         self.store = open_store(
             config.store, config.db_path, sync=config.sync, accept_loss=config.accept_loss
         )
@@ -56,7 +61,9 @@ class Broker:
             clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
         )
         config.apply_queue_opts(self.table)
-        self.dispatcher = Dispatcher(self.table, grace_s=config.disconnect_grace_s, clock=clock)
+        self.dispatcher = Dispatcher(
+            self.table, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
+        )
         # A durable store pushes whole windows: see Dispatcher._push.
         self.dispatcher.split_windows = not self.store.durable
         self.gate: CommitGate | None = None

@@ -2,7 +2,9 @@
 
 Real broker on port 0, raw clients, no sleeps. Time passes by waiting for frames with a
 timeout; "nothing was pushed during a window" is a ``next_push`` that must time out.
-Leases and graces here are a fraction of a second, so every window is short.
+Leases and graces here are a fraction of a second, so every window is short. These
+check the real server path; the exact instants (a lease lapses at its deadline, the grace
+ends to the moment) are tested on a manual clock in tests/dispatch/test_dispatch_clock.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Every test runs a real broker on port 0 and talks to it with raw WebSocket clien
 Nothing here sleeps. A negative ("no job was pushed") is checked with a request round
 trip on the worker's own connection: the broker queues a push before the reply to any
 request that arrives after the push was decided, so once the reply to a ``ping`` is in,
-every push caused by an earlier, answered request is in too.
+every push caused by an earlier, answered request is in too. The delayed jobs here wait
+a fraction of a second of real time; their exact instants are tested on a manual clock
+in tests/dispatch/test_dispatch_clock.py.
 """
 
 from __future__ import annotations
