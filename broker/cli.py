@@ -77,12 +77,12 @@ def _serve(args: argparse.Namespace) -> int:
         # restored table above all, lives as long as the process or is freed by reference
         # counting (a job row holds no cycle once deleted), so it is frozen out of the
         # collector: later full collections do not walk it (each such walk stopped the
-        # broker for ~0.4 s per million jobs).
+        # broker for the whole walk; see docs/benchmarks.md).
         gc.freeze()
         # A collection of the youngest generation every 10,000 new objects, not 700: a
         # job makes a few long-lived objects, and each young collection promotes them a
-        # step toward the full collections. The collector's time in 100k enqueues fell
-        # from ~44 to ~15 ms, and no latency percentile got worse.
+        # step toward the full collections (the collector's time measured: see
+        # docs/benchmarks.md, "Why the code is shaped this way").
         gc.set_threshold(10_000, 10, 10)
         gc.enable()
         where = f"sqlite {config.db_path}" if config.store == "sqlite" else config.store

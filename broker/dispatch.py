@@ -386,14 +386,11 @@ class Dispatcher:
         Halves: a worker that acks each frame as it finishes it (the SDK acks what ended
         in one loop iteration) has the other half to work on while the broker takes its
         acks and refills. With one frame for the whole window, worker and broker took
-        turns, each idle while the other worked (1.5-1.8x the drain rate with halves).
-        But with a durable store every frame costs a commit, and halves double the
-        commits per window (the single-worker drain on ``--sync full`` fell from ~30k to
-        ~21k jobs/s; still so since pushes leave before the fsync: 40-43k whole against
-        36k halves). Since a refill's pushes leave before its commit is written (the
-        SQLite store's claim log), the worker is busy while the broker writes anyway:
-        with ``--sync normal`` too, whole windows drain a median 15% faster. So the
-        broker turns halves off for a durable store.
+        turns, each idle while the other worked. But with a durable store every frame
+        costs a commit, and halves double the commits per window; and since a refill's
+        pushes leave before its commit is written (the SQLite store's claim log), the
+        worker is busy while the broker writes anyway. So the broker turns halves off
+        for a durable store (the drains measured both ways: docs/benchmarks.md).
 
         A frame is a ``PUSH`` unless it holds a job's last attempt: then a ``LAST_PUSH``
         (``broker/egress.py`` says what each waits for).

@@ -131,8 +131,8 @@ def add_client_commands(commands: Any) -> None:
     """Add the client subcommands to ``conveyor``'s subparsers."""
     worker = commands.add_parser("worker", help="run a Worker defined in your code")
     worker.add_argument("target", help="module.path:name of a sdk.Worker object")
-    # uvloop by default, as the broker: a busy worker took 5-14% more jobs per second
-    # from an in-memory broker than on asyncio's loop (docs/benchmarks.md).
+    # uvloop by default, as the broker: a busy worker takes more jobs per second on it
+    # than on asyncio's loop (docs/benchmarks.md).
     worker.add_argument(
         "--loop",
         choices=LOOPS,

@@ -36,13 +36,11 @@ the table never holds more records than there are jobs under a lease.
 The claim log. A commit of claims only (no row inserted or rewritten: a drain's refill
 after an ack) is first appended to ``<db>-claims`` (``_claim_log.py``), and ``written``
 is called then, before the SQLite write: the claims survive a killed broker once that one
-``write`` returns, so the pushes need not wait for SQLite. In a 1-worker drain the worker
-had sat idle while the broker wrote each refill's commit; this took the drain on ``full``
-up by a median 22% (6 alternating pairs, 0.92-1.46), and on ``normal``, which then pushes
-whole windows as ``full`` does, by a median 15% (6 pairs, 0.88-1.70; with half windows
-the log had measured 0.94). ``load`` lays claims that only the log holds over their rows
-as it does a record's, writes them into SQLite, and empties the log; its lease count
-raises the table's, so no lease is issued twice.
+``write`` returns, so the pushes need not wait for SQLite: in a 1-worker drain the
+worker no longer sits idle while the broker writes each refill's commit (the drains
+measured with and without the log: docs/benchmarks.md). ``load`` lays claims that only
+the log holds over their rows as it does a record's, writes them into SQLite, and
+empties the log; its lease count raises the table's, so no lease is issued twice.
 
 What the files must hold. ``load`` refuses (``StoreError``) what it cannot account for,
 rather than start on an empty or partial table: a database file of 0 bytes, a missing
@@ -152,17 +150,13 @@ _CHECKPOINT_EVERY = 50
 # The same with sync="full", where each checkpointing commit goes whole to the writer
 # thread and the frames of the commits behind it wait (see commit). Fewer and larger
 # checkpoints: the pages a run of commits rewrites (meta, the queue's row, the same jobs
-# leaves) are copied once, not once per 50 commits, and fewer jobs meet a stall. At
-# 1,000 jobs/s, 250 instead of 50 took the p99 from enqueue to handler down by a median
-# 18% (6 alternating pairs); drains and enqueues did not move (3 and 8 pairs). The WAL
-# holds more pages before it restarts, but a 50,000-job drain's WAL file peaked at 21 MB
-# with either setting (the fill's commits of 1,000 jobs make it).
+# leaves) are copied once, not once per 50 commits, and fewer jobs meet a stall (the
+# latency p99 measured both ways, and the WAL's size: docs/benchmarks.md).
 _CHECKPOINT_EVERY_FULL = 250
 # sync="normal": the checkpoints run beside the commits (_side_checkpoint), which cannot
 # restart the WAL while commits keep coming; once the WAL holds more frames than this
 # (16 MiB of 4 KiB pages), the next checkpoint is a whole one that the commits wait for.
-# Beside the commits, a drain's checkpoints no longer stalled it every 50 commits:
-# 1-worker drain +6-14%, 4 workers +14%, latency p99 at 1,000 jobs/s 1.8-2.8 -> ~1.0 ms.
+# Beside the commits, a drain's checkpoints no longer stall it every 50 commits.
 _RESTART_FRAMES = 4096
 # At each start the lease count goes on this far above the count the file holds, which
 # is made durable before any lease is issued. A power loss can forget leases handed out
@@ -361,8 +355,8 @@ class SqliteStore:
                 raise
         self._db = db
         # The writer thread needs the GIL back the moment its fsync returns, or every
-        # reply of the batch waits while the busy event loop runs on: Python's default
-        # 5 ms switch interval made commits take several times their disk time.
+        # reply of the batch waits while the busy event loop runs on: with Python's
+        # default switch interval commits took several times their disk time.
         sys.setswitchinterval(min(sys.getswitchinterval(), _SWITCH_INTERVAL_S))
         try:
             meta = db.execute("SELECT id_prefix, seq, leases_issued, commits FROM meta").fetchone()
@@ -653,8 +647,8 @@ class SqliteStore:
             if self._whole_checkpoint_due():
                 # Written here like any other commit, so that its pushes leave now; only
                 # the fsync and the checkpoint wait on the writer thread. (Written there
-                # too, its pushes waited for the whole checkpoint: at 1,000 jobs/s with
-                # --sync full, a 1-1.6 ms stall every 250 commits that set the p99.)
+                # too, its pushes waited for the whole checkpoint: a stall every 250
+                # commits that set the p99.)
                 self._write_here(changes, written, written_after=True)
                 await loop.run_in_executor(self._writer, self._sync_and_checkpoint)
                 return
@@ -766,7 +760,7 @@ class SqliteStore:
         # A commit of claims only (the rows they change are all in the file already)
         # goes to the claim log first: they then survive a killed broker, so the pushes
         # leave before the commit is written, and the worker starts on its window while
-        # the broker writes (1-worker drain: about 1.2x with full, 1.15x with normal).
+        # the broker writes.
         log = self._claim_log
         if log is not None and packed is not None and not (changes.upserts or changes.updates):
             log.append(self._commit_no + 1, changes.meta[2], *packed)
