@@ -16,7 +16,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol, TypeVarTuple, Unpack
 
-__all__ = ["Handle", "LoopScheduler", "ManualHandle", "ManualScheduler", "Scheduler", "wall_clock"]
+__all__ = [
+    "Handle",
+    "LoopScheduler",
+    "ManualHandle",
+    "ManualScheduler",
+    "Scheduler",
+    "SteppedScheduler",
+    "wall_clock",
+]
 
 _Ts = TypeVarTuple("_Ts")
 
@@ -188,3 +196,48 @@ class ManualScheduler:
             handle = soon.popleft()
             if not handle.cancelled:
                 handle.fn(*handle.args)
+
+
+class SteppedScheduler:
+    """A ``Scheduler`` for a whole broker under test: callbacks run on the running loop,
+    but its clock moves only by ``advance``, so a test of leases and graces through the
+    real server makes time pass without waiting for it.
+
+    ``call_soon`` is the loop's. ``call_at`` for a time already reached runs soon; for a
+    later one it is held until ``advance`` passes it: then it runs, in time order, with
+    the clock at its time. Pass ``now`` to everything that reads the broker's clock (the
+    broker does, given this scheduler). Call from the loop only.
+    """
+
+    def __init__(self, start: float | None = None) -> None:
+        self._now = wall_clock() if start is None else start
+        self._timers: list[tuple[float, int, ManualHandle]] = []
+        self._order = 0
+
+    def now(self) -> float:
+        return self._now
+
+    def call_soon(self, fn: Callable[[Unpack[_Ts]], object], /, *args: *_Ts) -> Handle:
+        return asyncio.get_running_loop().call_soon(fn, *args)
+
+    def call_at(self, when: float, fn: Callable[[Unpack[_Ts]], object], /, *args: *_Ts) -> Handle:
+        if when <= self._now:
+            return self.call_soon(fn, *args)
+        handle = ManualHandle(when, fn, args)
+        self._order += 1
+        heapq.heappush(self._timers, (when, self._order, handle))
+        return handle
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` on, running each timer that falls due on the way
+        (what they schedule with ``call_soon`` runs on the loop's next turns)."""
+        if seconds < 0:
+            raise ValueError(f"advance({seconds}): time does not go backwards")
+        end = self._now + seconds
+        timers = self._timers
+        while timers and timers[0][0] <= end:
+            when, _, handle = heapq.heappop(timers)
+            if not handle.cancelled:
+                self._now = max(self._now, when)
+                handle.fn(*handle.args)
+        self._now = end

@@ -172,9 +172,12 @@ def _ssl_context(config: Config) -> ssl.SSLContext | None:
 
 
 @contextlib.asynccontextmanager
-async def running_broker(config: Config) -> AsyncIterator[Broker]:
-    """Start a broker, yield it (``.url`` is the real address), stop it on exit."""
-    broker = Broker(config)
+async def running_broker(
+    config: Config, *, scheduler: Scheduler | None = None
+) -> AsyncIterator[Broker]:
+    """Start a broker, yield it (``.url`` is the real address), stop it on exit.
+    ``scheduler``: as ``Broker``'s (tests pass a ``SteppedScheduler``)."""
+    broker = Broker(config, scheduler=scheduler)
     server = await serve(
         broker.handle,
         config.host,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from broker.dispatch import Dispatcher, Subscription
+from broker.egress import Out
 from broker.engine import JobTable
 from broker.scheduler import ManualScheduler
 
@@ -35,9 +36,12 @@ class Worker:
     def connect(self, leases: list[tuple[str, str]] | None = None) -> Subscription:
         """Subscribe (again) to queue ``q``; ``self.reattached`` is what came back."""
         queues = [self.dispatcher.table.queue("q")]
-        self.sub = Subscription(self.worker_id, queues, self.prefetch, self.frames.append)
+        self.sub = Subscription(self.worker_id, queues, self.prefetch, self.emit)
         self.reattached = self.dispatcher.subscribe(self.sub, leases or [])
         return self.sub
+
+    def emit(self, out: Out, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)  # no store here: every frame leaves at once
 
     def take(self) -> list[dict[str, Any]]:
         """The jobs pushed since the last take."""

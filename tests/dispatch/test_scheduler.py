@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from broker.scheduler import LoopScheduler, ManualScheduler
+from broker.scheduler import LoopScheduler, ManualScheduler, SteppedScheduler
 
 
 def test_manual_runs_nothing_until_told_then_soon_callbacks_in_call_order() -> None:
@@ -93,3 +93,25 @@ async def test_loop_scheduler_runs_soon_callbacks_on_the_running_loop_in_call_or
     assert ran == []
     await asyncio.wait_for(done, 5.0)
     assert ran == [1, 3]
+
+
+async def test_stepped_scheduler_runs_timers_only_as_its_clock_is_advanced() -> None:
+    clock = SteppedScheduler(start=100.0)
+    ran: list[tuple[str, float]] = []
+    clock.call_at(105.0, lambda: ran.append(("b", clock.now())))
+    clock.call_at(102.0, lambda: ran.append(("a", clock.now())))
+    cancelled = clock.call_at(103.0, lambda: ran.append(("never", clock.now())))
+    cancelled.cancel()
+    soon = asyncio.Event()
+    clock.call_soon(soon.set)  # on the loop, as any callback
+    await asyncio.wait_for(soon.wait(), 1)
+    clock.call_at(99.0, lambda: ran.append(("due", clock.now())))  # already due: soon
+    await asyncio.sleep(0)  # one loop turn, for the call_soon above
+    assert ran == [("due", 100.0)]
+    clock.advance(1.9)
+    assert ran == [("due", 100.0)] and clock.now() == pytest.approx(101.9)
+    clock.advance(5)
+    assert ran[1:] == [("a", 102.0), ("b", 105.0)]  # in time order, each at its time
+    assert clock.now() == pytest.approx(106.9)
+    with pytest.raises(ValueError):
+        clock.advance(-1)

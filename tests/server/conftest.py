@@ -23,6 +23,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from broker import connection
 from broker.config import Config
+from broker.scheduler import Scheduler
 from broker.server import Broker, running_broker
 
 WAIT = 5.0  # seconds any single expected frame may take before the test fails
@@ -143,8 +144,15 @@ BOTH_STORES = pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
 
 
 @pytest.fixture
-async def broker(config: Config) -> AsyncIterator[Broker]:
-    async with running_broker(config) as running:
+def scheduler() -> Scheduler | None:
+    """The broker's clock and timers: the loop's and the wall clock's (``None``), unless a
+    module makes time a test's to move (a ``SteppedScheduler``)."""
+    return None
+
+
+@pytest.fixture
+async def broker(config: Config, scheduler: Scheduler | None) -> AsyncIterator[Broker]:
+    async with running_broker(config, scheduler=scheduler) as running:
         yield running
 
 

@@ -1,37 +1,52 @@
 """Leases: lapsing, heartbeats, disconnects, the grace and re-attaching, batch reports.
 
-Real broker on port 0, raw clients, no sleeps. Time passes by waiting for frames with a
-timeout; "nothing was pushed during a window" is a ``next_push`` that must time out.
-Leases and graces here are a fraction of a second, so every window is short. These
-check the real server path; the exact instants (a lease lapses at its deadline, the grace
-ends to the moment) are tested on a manual clock in tests/dispatch/test_dispatch_clock.py.
+Real broker on port 0, raw clients, and the broker's clock in the test's hands (a
+``SteppedScheduler``): time passes when a test advances it, never by waiting. "Nothing
+was pushed" is checked after a request round trip, which every earlier push precedes.
+The dispatcher's own instants are also tested alone, in tests/dispatch/.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from broker.connection import Connection
+from broker.scheduler import SteppedScheduler
 
 from .conftest import BOTH_STORES, ClientFactory, RawClient, with_config
 
 pytestmark = BOTH_STORES
 
-SOON = 1.0  # generous bound for "pushed soon after its time"; not a speed test
-EPS = 1e-6
+EPS = 1e-3
+
+
+@pytest.fixture
+def scheduler() -> SteppedScheduler:
+    """The broker's clock, moved by the tests."""
+    return SteppedScheduler()
+
+
+@pytest.fixture
+def ended(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncio.Queue[Connection]]:
+    """Each connection the broker is done with (its subscription gone), as it ends."""
+    done: asyncio.Queue[Connection] = asyncio.Queue()
+    release = Connection.release
+
+    def noting(conn: Connection) -> None:
+        release(conn)
+        done.put_nowait(conn)
+
+    monkeypatch.setattr(Connection, "release", noting)
+    yield done
 
 
 def claimed_at(job: dict[str, Any]) -> float:
     """When the broker claimed a pushed job, by its clock: the lease began then."""
     return float(job["deadline"] - job["visibility_timeout_s"])
-
-
-async def no_jobs_within(worker: RawClient, seconds: float) -> None:
-    """Assert that no ``jobs`` push reaches ``worker`` within ``seconds``."""
-    with pytest.raises(TimeoutError):
-        frame = await worker.next_push("jobs", timeout=seconds)
-        pytest.fail(f"unexpected push: {frame}")
 
 
 async def jobs_held_back(worker: RawClient) -> list[dict[str, Any]]:
@@ -44,25 +59,27 @@ async def jobs_held_back(worker: RawClient) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("late_on", ["its own connection", "another connection"])
 async def test_a_lapsed_lease_goes_to_another_worker_and_the_late_ack_does_not_land(
-    client: ClientFactory, late_on: str
+    client: ClientFactory, scheduler: SteppedScheduler, late_on: str
 ) -> None:
     publisher = await client()
     w1 = await client()
     await w1.call("subscribe", worker_id="w1", queues=["q"], prefetch=1)
-    job_id = (await publisher.call("enqueue", queue="q", payload="slow", visibility_timeout_s=0.3))[
+    job_id = (await publisher.call("enqueue", queue="q", payload="slow", visibility_timeout_s=30))[
         "id"
     ]
     [first] = await w1.jobs(1)
     assert first["attempt"] == 1
     w2 = await client()
     await w2.call("subscribe", worker_id="w2", queues=["q"], prefetch=1)
+    scheduler.advance(30 - EPS)
+    assert await jobs_held_back(w2) == []  # not before the lease runs out
 
-    [second] = await w2.jobs(1, timeout=0.3 + SOON + 1.0)
+    scheduler.advance(EPS)
+    [second] = await w2.jobs(1)
     assert second["id"] == job_id
     assert second["attempt"] == 2
     assert second["lease"] != first["lease"]
-    assert claimed_at(second) >= first["deadline"] - EPS  # not before the lease ran out
-    assert claimed_at(second) <= first["deadline"] + SOON
+    assert claimed_at(second) == pytest.approx(first["deadline"])  # at its deadline
     info = (await publisher.call("get_job", id=job_id))["job"]
     assert (info["worker_id"], info["attempts"]) == ("w2", 2)
 
@@ -83,11 +100,13 @@ async def test_a_lapsed_lease_goes_to_another_worker_and_the_late_ack_does_not_l
     assert (await w2.call("ack", id=job_id, lease=second["lease"]))["landed"] is True
 
 
-async def test_heartbeats_keep_a_job_past_its_visibility_timeout(client: ClientFactory) -> None:
+async def test_heartbeats_keep_a_job_past_its_visibility_timeout(
+    client: ClientFactory, scheduler: SteppedScheduler
+) -> None:
     publisher = await client()
     w1 = await client()
     await w1.call("subscribe", worker_id="w1", queues=["q"], prefetch=1)
-    job_id = (await publisher.call("enqueue", queue="q", payload="long", visibility_timeout_s=0.6))[
+    job_id = (await publisher.call("enqueue", queue="q", payload="long", visibility_timeout_s=30))[
         "id"
     ]
     [job] = await w1.jobs(1)
@@ -96,14 +115,14 @@ async def test_heartbeats_keep_a_job_past_its_visibility_timeout(client: ClientF
 
     # Heartbeat every third of the lease until well past the first deadline; the idle
     # worker must not get the job meanwhile.
-    deadline = job["deadline"]
-    while (await publisher.call("ping"))["now"] < job["deadline"] + 0.3:
+    for _ in range(7):
+        scheduler.advance(10)
         reply = await w1.call("heartbeat", id=job_id, lease=job["lease"])
         assert reply["landed"] is True
         info = (await publisher.call("get_job", id=job_id))["job"]
-        assert info["deadline"] > deadline  # a reset to now + timeout
-        deadline = info["deadline"]
-        await no_jobs_within(w2, 0.2)
+        assert info["deadline"] == pytest.approx(scheduler.now() + 30)  # a reset, not a sum
+        assert await jobs_held_back(w2) == []
+    assert scheduler.now() > job["deadline"] + 30
 
     info = (await publisher.call("get_job", id=job_id))["job"]
     assert (info["state"], info["worker_id"], info["attempts"]) == ("processing", "w1", 1)
@@ -121,17 +140,17 @@ async def test_disconnect_without_grace_hands_the_job_on_at_once(client: ClientF
     assert await jobs_held_back(w2) == []
 
     await w1.ws.close()
-    # The lease would last 300 s: only the disconnect can hand the job on this soon.
-    [second] = await w2.jobs(1, timeout=SOON + 1.0)
+    # The lease lasts 300 s and the clock stands still: only the disconnect hands it on.
+    [second] = await w2.jobs(1)
     assert second["id"] == job_id
     assert second["attempt"] == 2
     assert second["lease"] != first["lease"]
     assert (await w2.call("ack", id=job_id, lease=second["lease"]))["landed"] is True
 
 
-@with_config(disconnect_grace_s=0.5)
+@with_config(disconnect_grace_s=5.0)
 async def test_after_the_grace_a_dropped_workers_job_goes_to_another(
-    client: ClientFactory,
+    client: ClientFactory, scheduler: SteppedScheduler, ended: asyncio.Queue[Connection]
 ) -> None:
     publisher = await client()
     w1 = await client()
@@ -141,20 +160,21 @@ async def test_after_the_grace_a_dropped_workers_job_goes_to_another(
     [first] = await w1.jobs(1)
     await w2.call("subscribe", worker_id="w2", queues=["q"], prefetch=1)
 
-    closed_at = time.monotonic()
     await w1.ws.close()
-    await no_jobs_within(w2, 0.4)  # kept for w1 during the grace
-    [second] = await w2.jobs(1, timeout=SOON + 1.0)
-    assert time.monotonic() - closed_at >= 0.5 - 0.01
+    await asyncio.wait_for(ended.get(), 5)  # the broker saw it go
+    scheduler.advance(5.0 - EPS)
+    assert await jobs_held_back(w2) == []  # kept for w1 during the grace
+    scheduler.advance(EPS)
+    [second] = await w2.jobs(1)
     assert second["id"] == job_id
     assert second["attempt"] == 2  # the dropped attempt stays used
     assert second["lease"] != first["lease"]
     assert (await w2.call("ack", id=job_id, lease=second["lease"]))["landed"] is True
 
 
-@with_config(disconnect_grace_s=0.8)
+@with_config(disconnect_grace_s=5.0)
 async def test_a_worker_reconnecting_within_the_grace_reattaches_its_jobs(
-    client: ClientFactory,
+    client: ClientFactory, scheduler: SteppedScheduler, ended: asyncio.Queue[Connection]
 ) -> None:
     publisher = await client()
     w1 = await client()
@@ -166,11 +186,13 @@ async def test_a_worker_reconnecting_within_the_grace_reattaches_its_jobs(
     leases = [{"id": job["id"], "lease": job["lease"]} for job in held]
 
     await w1.ws.close()
+    await asyncio.wait_for(ended.get(), 5)
     # Another worker cannot take the jobs over by presenting their leases.
     w2 = await client()
     reply = await w2.call("subscribe", worker_id="w2", queues=["q"], prefetch=1, leases=leases)
     assert reply["reattached"] == []
-    await no_jobs_within(w2, 0.3)  # nor does it get them during the grace
+    scheduler.advance(5.0 - EPS)
+    assert await jobs_held_back(w2) == []  # nor does it get them during the grace
 
     back = await client()
     reply = await back.call(

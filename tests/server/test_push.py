@@ -4,24 +4,30 @@ Every test runs a real broker on port 0 and talks to it with raw WebSocket clien
 Nothing here sleeps. A negative ("no job was pushed") is checked with a request round
 trip on the worker's own connection: the broker queues a push before the reply to any
 request that arrives after the push was decided, so once the reply to a ``ping`` is in,
-every push caused by an earlier, answered request is in too. The delayed jobs here wait
-a fraction of a second of real time; their exact instants are tested on a manual clock
-in tests/dispatch/test_dispatch_clock.py.
+every push caused by an earlier, answered request is in too. The broker's clock is the
+tests' (a ``SteppedScheduler``): it stands still until a test advances it.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
+
+import pytest
+
+from broker.scheduler import SteppedScheduler
 
 from .conftest import BOTH_STORES, ClientFactory, RawClient
 
 pytestmark = BOTH_STORES
 
-# A generous bound for "pushed soon after its time": this is not a speed test.
-SOON = 1.0
-# Float slack when comparing two broker-clock times derived by arithmetic.
-EPS = 1e-6
+# How close to its time a job is looked at before it is due.
+STEP = 1e-3
+
+
+@pytest.fixture
+def scheduler() -> SteppedScheduler:
+    """The broker's clock, moved by the tests: time never passes by waiting here."""
+    return SteppedScheduler()
 
 
 async def jobs_held_back(worker: RawClient) -> list[dict[str, Any]]:
@@ -71,7 +77,9 @@ async def test_pushed_job_carries_every_member_and_ack_deletes_it(client: Client
     assert (await worker.call("ack", id=job_id, lease=job["lease"]))["landed"] is False
 
 
-async def test_claim_order_priority_then_ready_time_then_fifo(client: ClientFactory) -> None:
+async def test_claim_order_priority_then_ready_time_then_fifo(
+    client: ClientFactory, scheduler: SteppedScheduler
+) -> None:
     publisher = await client()
     # The oldest job gets a later ready time: claimed once, then retried with no delay.
     late = await enqueue(publisher, "q", "late")
@@ -85,6 +93,7 @@ async def test_claim_order_priority_then_ready_time_then_fifo(client: ClientFact
     )["ids"]  # one batch: the same ready time, so enqueue order decides
     high = await enqueue(publisher, "q", "high", priority=5)
     assert (await first_worker.call("unsubscribe"))["held"] == 1
+    scheduler.advance(1)
     retried = await first_worker.call("retry", id=late, lease=claimed["lease"], delay_s=0)
     assert retried["landed"] is True
 
@@ -214,25 +223,27 @@ async def test_a_report_on_another_connection_frees_the_holders_slot(
     assert job["id"] == second
 
 
-async def test_delayed_job_is_pushed_at_its_ready_time(client: ClientFactory) -> None:
+async def test_delayed_job_is_pushed_at_its_ready_time(
+    client: ClientFactory, scheduler: SteppedScheduler
+) -> None:
     publisher = await client()
     worker = await client()
     await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=1)
-    started = time.monotonic()
-    job_id = await enqueue(publisher, "q", "later", delay_s=0.3)
+    job_id = await enqueue(publisher, "q", "later", delay_s=30)
     info = (await publisher.call("get_job", id=job_id))["job"]
     assert info["state"] == "pending"
-    assert info["ready_at"] >= info["enqueued_at"] + 0.3 - EPS
+    assert info["ready_at"] == pytest.approx(info["enqueued_at"] + 30)
+    scheduler.advance(30 - STEP)
+    assert await jobs_held_back(worker) == []  # never early
 
-    [job] = await worker.jobs(1, timeout=0.3 + SOON + 1.0)
-    elapsed = time.monotonic() - started
+    scheduler.advance(STEP)
+    [job] = await worker.jobs(1)  # and at once when due
     assert job["id"] == job_id
-    assert claimed_at(job) >= info["ready_at"] - EPS  # never early
-    assert 0.3 - 0.01 <= elapsed <= 0.3 + SOON  # and soon after
+    assert claimed_at(job) == pytest.approx(info["ready_at"])
 
 
 async def test_retry_with_delay_is_pushed_again_later_as_the_next_attempt(
-    client: ClientFactory,
+    client: ClientFactory, scheduler: SteppedScheduler
 ) -> None:
     publisher = await client()
     worker = await client()
@@ -241,20 +252,20 @@ async def test_retry_with_delay_is_pushed_again_later_as_the_next_attempt(
     [job] = await worker.jobs(1)
     assert job["attempt"] == 1
 
-    started = time.monotonic()
-    reply = await worker.call("retry", id=job_id, lease=job["lease"], error="boom", delay_s=0.3)
+    reply = await worker.call("retry", id=job_id, lease=job["lease"], error="boom", delay_s=30)
     assert reply["landed"] is True
     info = (await publisher.call("get_job", id=job_id))["job"]
     assert (info["state"], info["last_error"], info["worker_id"]) == ("pending", "boom", None)
     assert await jobs_held_back(worker) == []  # not at once
 
-    [again] = await worker.jobs(1, timeout=0.3 + SOON + 1.0)
-    elapsed = time.monotonic() - started
+    scheduler.advance(30 - STEP)
+    assert await jobs_held_back(worker) == []
+    scheduler.advance(STEP)
+    [again] = await worker.jobs(1)
     assert again["id"] == job_id
     assert again["attempt"] == 2
     assert again["lease"] != job["lease"]
-    assert claimed_at(again) >= info["ready_at"] - EPS
-    assert 0.3 - 0.01 <= elapsed <= 0.3 + SOON
+    assert claimed_at(again) == pytest.approx(info["ready_at"])
     # The old lease is dead; the new one works.
     assert (await worker.call("ack", id=job_id, lease=job["lease"]))["landed"] is False
     assert (await worker.call("ack", id=job_id, lease=again["lease"]))["landed"] is True
