@@ -19,6 +19,7 @@ Only documented public names of websockets are used; no class of it is subclasse
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -322,7 +323,10 @@ class Socket(asyncio.Protocol):
             if chunk:
                 transport.write(chunk)
             elif transport.can_write_eof():
-                transport.write_eof()
+                # (uvloop raises RuntimeError, asyncio OSError, on a socket already gone:
+                # either way the stream is over, which is all a half-close asks)
+                with contextlib.suppress(Exception):
+                    transport.write_eof()
             else:
                 transport.close()
 
@@ -370,7 +374,8 @@ class Socket(asyncio.Protocol):
         if self._protocol.state is _OPEN:
             self._protocol.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
             self._flush()
-            self._expect_close()
+            if self._close_timer is None:
+                self._expect_close()
 
     # -- closing ------------------------------------------------------------------------
 
