@@ -810,9 +810,9 @@ class ConveyorSdkWorker:
         from sdk import Job
 
         if tally.stamp_reads:  # every SDK socket of this process: the class's method
-            from sdk._socket import DirectReader
+            from sdk._transport import Socket
 
-            DirectReader.data_received = noting_reads(DirectReader.data_received, tally)  # type: ignore[method-assign]
+            Socket.data_received = noting_reads(Socket.data_received, tally)  # type: ignore[method-assign]
 
         @self.worker.handler(QUEUE)
         async def handle(job: Job) -> None:

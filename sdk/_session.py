@@ -24,12 +24,10 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
-from websockets.protocol import State
 
 from ._errors import ConnectionFailed, ConveyorError, TooLarge, Unauthorized, error_from_reply
-from ._socket import DirectReader, masked_text_frames, write_joined
+from ._transport import Socket, connect
 from ._wire import (
     CLOSE_MESSAGE_TOO_BIG,
     DEFAULT_MAX_FRAME_BYTES,
@@ -42,8 +40,6 @@ from ._wire import (
 __all__ = ["Session"]
 
 log = logging.getLogger("conveyor.sdk")
-# State.OPEN read once: an enum member read off its class costs ~60 ns in Python 3.11.
-_OPEN = State.OPEN
 
 # Frames queued in one loop iteration that make one socket write without waiting for the
 # iteration's end.
@@ -73,31 +69,6 @@ def _permanent(exc: ConveyorError) -> bool:
     if exc.code in ("unavailable", "internal", ConnectionFailed.code):
         return False
     return not (exc.code == "limit_exceeded" and exc.field == "token")
-
-
-class _Socket(DirectReader, ClientConnection):
-    """websockets' client connection, writing each batch of frames in one piece and
-    handing each message it reads straight to the session (``DirectReader``)."""
-
-    FROM_CLIENTS = False
-
-    def handshaken(self) -> bool:
-        return self.response is not None
-
-    def send_data(self) -> None:
-        write_joined(self.protocol, self.transport)
-
-    @property
-    def writable(self) -> bool:
-        """Whether a write now goes straight out: open, and the transport not pushing back."""
-        return not self.paused and self.protocol.state is _OPEN
-
-    def write_texts(self, texts: list[bytes]) -> None:
-        """Write ``texts`` as text frames, in one piece; call only while the socket is
-        open. What websockets itself queued (a pong) goes first, so the order holds."""
-        if self.protocol.writes:
-            self.send_data()
-        self.transport.write(masked_text_frames(texts))
 
 
 class _Lost(Exception):
@@ -150,7 +121,7 @@ class Session:
         self.hello: dict[str, Any] = {}
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES  # see max_frame_bytes
         self.connected = asyncio.Event()
-        self._ws: _Socket | None = None
+        self._ws: Socket | None = None
         self._ready = False  # hello and on_connect done on the current socket
         self._pending: dict[int, _Pending] = {}  # in the order sent, so by deadline
         self._expiry: asyncio.TimerHandle | None = None  # at the oldest one's deadline
@@ -159,10 +130,10 @@ class Session:
         self._closing = False
         self._rng = random.Random()
         self._wake = asyncio.Event()  # set by close(): ends a backoff wait at once
-        self._connecting: asyncio.Task[ClientConnection] | None = None
+        self._connecting: asyncio.Task[Socket] | None = None
         # The latest socket, kept after it is done with, so that close() can wait for its
         # closing to finish even when run() was cancelled halfway through it.
-        self._socket: _Socket | None = None
+        self._socket: Socket | None = None
         self._running = False
         self._ended = asyncio.Event()  # set when run() returns or raises
         self._out: list[bytes] = []  # frames waiting for the writer (see _send)
@@ -435,8 +406,7 @@ class Session:
             await asyncio.sleep(0)  # let the other senders of this iteration queue theirs
             while self._out and ws is self._ws:
                 batch, self._out = self._out, []
-                async with ws.send_context():
-                    ws.write_texts(batch)
+                await ws.send_texts(batch)
         except ConnectionClosed:
             pass  # resent (or failed) when the session notices the socket is gone
         finally:
@@ -501,20 +471,18 @@ class Session:
                 tries += 1
                 await self._nap(self._backoff(tries))
 
-    async def _connect(self) -> _Socket | None:
+    async def _connect(self) -> Socket | None:
         """A new socket to the broker, or ``None`` when ``close()`` came first (it cancels
         the attempt); raises what ``connect`` raises."""
         if self._closing:
             return None
 
-        async def opening() -> ClientConnection:
+        async def opening() -> Socket:
             return await connect(
                 self.url,
-                additional_headers=self._headers(),
+                headers=self._headers(),
                 open_timeout=self.connect_timeout,
                 max_size=_MAX_INCOMING,
-                compression=None,
-                create_connection=_Socket,
             )
 
         connecting = asyncio.get_running_loop().create_task(opening())
@@ -527,7 +495,6 @@ class Session:
         if connecting.cancelled():
             return None
         ws = connecting.result()
-        assert isinstance(ws, _Socket)  # connect() made it (create_connection)
         self._socket = ws
         if self._closing:  # close() came as the attempt ended
             await ws.close()
@@ -540,7 +507,7 @@ class Session:
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
 
-    async def _serve(self, ws: _Socket, outage_since: float | None) -> None:
+    async def _serve(self, ws: Socket, outage_since: float | None) -> None:
         self._ws = ws
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
@@ -600,7 +567,7 @@ class Session:
             )
         )
 
-    async def _read(self, ws: _Socket) -> None:
+    async def _read(self, ws: Socket) -> None:
         """Handle the broker's frames as the socket reads them, until it closes."""
         try:
             ws.attach(self._on_message)
@@ -683,7 +650,7 @@ class Session:
         """Stop reconnecting and close the socket (replies still due are lost).
 
         Returns once the socket is closed (the closing handshake done, or the connection
-        dropped after websockets' close timeout) and ``run()`` is over, so the process
+        dropped after the socket's close timeout) and ``run()`` is over, so the process
         may exit at once: the broker is not left to find a half-open connection.
         """
         self._closing = True

@@ -1,9 +1,14 @@
-"""The hot path of a WebSocket connection, for both ends of the protocol.
+"""The hot path of the broker's WebSocket connections, on websockets' asyncio connection.
+
+This module subclasses websockets' ``Connection`` and reads its protocol's buffers: the
+broker's ``_Socket`` (broker/server.py) still stands on it. The SDK's end no longer does:
+it runs on websockets' public sans-I/O client (``sdk/_transport.py``), and the broker is
+to move the same way, after which this module goes.
 
 Writing: websockets writes each frame it has queued with its own ``transport.write``,
-which is a system call apiece when the socket keeps up. Both the broker and the SDK queue
-many small frames at once (replies, pushes, pipelined requests, acks), so their connection
-classes override ``send_data`` with ``write_joined``, which joins the batch into one write.
+which is a system call apiece when the socket keeps up. The broker queues many small
+frames at once (replies, pushes), so its connection class overrides ``send_data`` with
+``write_joined``, which joins the batch into one write.
 
 Reading: ``DirectReader`` hands each data message to a callback in the same event-loop
 callback that received its bytes, instead of websockets' queue and reader task.
@@ -12,7 +17,6 @@ callback that received its bytes, instead of websockets' queue and reader task.
 from __future__ import annotations
 
 import contextlib
-import os
 import struct
 from asyncio import WriteTransport
 from collections import deque
@@ -28,7 +32,7 @@ try:  # websockets' C masking, when it was built for this platform (as websocket
 except ImportError:  # pragma: no cover
     apply_mask = _py_apply_mask
 
-__all__ = ["DirectReader", "apply_mask", "masked_text_frames", "text_header", "write_joined"]
+__all__ = ["DirectReader", "apply_mask", "text_header", "write_joined"]
 
 # Enum members as module names: reading one off its class (``State.OPEN``) costs ~60 ns in
 # Python 3.11, and these are read for every frame.
@@ -50,46 +54,6 @@ def text_header(n: int, mask_bit: int = 0) -> bytes:
     if n < 65536:
         return _HEAD16.pack(0x81, mask_bit | 126, n)
     return _HEAD64.pack(0x81, mask_bit | 127, n)
-
-
-class _MaskKeys:
-    """Masking keys for a client's frames (RFC 6455 §5.3: unpredictable, from a strong
-    source of entropy): the OS's CSPRNG, read 1,024 keys at a time instead of once per
-    frame (websockets' way, a system call per frame). A forked child draws its own."""
-
-    def __init__(self) -> None:
-        self._pool = b""
-        self._at = 0
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._pool, self._at = b"", 0
-
-    def take(self) -> bytes:
-        at = self._at
-        if at >= len(self._pool):
-            self._pool, at = os.urandom(4096), 0
-        self._at = at + 4
-        return self._pool[at : at + 4]
-
-
-_masks = _MaskKeys()
-
-
-def masked_text_frames(texts: list[bytes]) -> bytes:
-    """Client text frames (FIN, unfragmented, masked) for ``texts``, joined for one write.
-
-    Each text must be valid UTF-8 (``encode`` makes it so).
-    """
-    parts: list[bytes] = []
-    take = _masks.take
-    for data in texts:
-        parts.append(text_header(len(data), 0x80))
-        mask = take()
-        parts.append(mask)
-        parts.append(apply_mask(data, mask))
-    return b"".join(parts)
 
 
 def write_joined(protocol: Protocol, transport: WriteTransport) -> None:

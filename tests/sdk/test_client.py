@@ -489,52 +489,6 @@ def test_made_keys_are_unique_and_not_shared_with_a_forked_child() -> None:
     assert child_key.rsplit("-", 1)[0] != parent_next.rsplit("-", 1)[0]
 
 
-def test_client_frames_are_masked_text_frames_a_server_reads_back() -> None:
-    from sdk._socket import masked_text_frames
-
-    texts = [b"", b"x" * 125, "é".encode() * 63, b"y" * 126, b"z" * 65535, b"w" * 65536]
-    data = masked_text_frames(texts)
-    masks = []
-    pos = 0
-    for text in texts:
-        head, second = data[pos], data[pos + 1]
-        assert head == 0x81  # FIN, text
-        assert second & 0x80  # masked, as a client must
-        n = second & 0x7F
-        pos += 2
-        if n == 126:
-            n = int.from_bytes(data[pos : pos + 2], "big")
-            pos += 2
-        elif n == 127:
-            n = int.from_bytes(data[pos : pos + 8], "big")
-            pos += 8
-        assert n == len(text)
-        mask = data[pos : pos + 4]
-        masks.append(mask)
-        pos += 4
-        body = bytes(b ^ mask[i % 4] for i, b in enumerate(data[pos : pos + n]))
-        assert body == text
-        pos += n
-    assert pos == len(data)
-    assert len(set(masks)) == len(masks)  # a fresh key per frame
-
-
-def test_a_forked_child_does_not_mask_with_the_parents_keys() -> None:
-    from sdk._socket import _masks
-
-    _masks.take()  # the pool is filled: without care, a child would continue it
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(write, _masks.take())
-        os._exit(0)
-    os.waitpid(pid, 0)
-    os.close(write)
-    child = os.read(read, 4)
-    os.close(read)
-    assert child != _masks.take()
-
-
 async def test_request_now_is_answered_with_the_reply_or_the_refusal(client: Client) -> None:
     """``Session.request_now`` (a worker's acks go out through it) gives the reply, or
     fails with the refusal the broker sent, like ``request``; cancelling it stops the

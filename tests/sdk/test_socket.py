@@ -1,10 +1,11 @@
-"""The SDK's reading of the broker's frames (``DirectReader`` on the client's end).
+"""The SDK's WebSocket connection (``sdk/_transport.py``) against a scripted broker.
 
 A scripted broker here completes the opening handshake, answers ``hello``, and then
 writes frames laid out byte by byte: whole ones, fragmented ones, control frames among
 them, frames cut between two reads, and frames the RFC forbids a server to send. The
 ``Session`` under test hands each push to ``on_push`` in the order sent; what it must
-refuse closes the connection with the RFC's code.
+refuse closes the connection with the RFC's code. The socket's own duties follow:
+keepalive pings, and a close that waits for the broker only so long.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from typing import Any
 
 import orjson
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from sdk._session import Session
+from sdk._transport import connect
 
 from .conftest import WAIT, _read_ws_frame
 
@@ -49,6 +52,22 @@ def push(tag: str, pad: int = 0) -> bytes:
     return orjson.dumps({"push": "cancelled", "ids": [tag]})[:-1] + b" " * pad + b"}"
 
 
+async def accept_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    """Read a client's opening handshake and accept it (101); return the request's head."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode()
+    key = next(
+        line.split(":", 1)[1].strip()
+        for line in head.split("\r\n")
+        if line.lower().startswith("sec-websocket-key:")
+    )
+    accept = base64.b64encode(hashlib.sha1(key.encode() + _GUID).digest()).decode()
+    writer.write(
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
+    )
+    return head
+
+
 class ScriptedBroker:
     """One connection's broker side: the handshake, the ``hello`` reply, then raw bytes."""
 
@@ -61,17 +80,7 @@ class ScriptedBroker:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.append(writer)
-        head = (await reader.readuntil(b"\r\n\r\n")).decode()
-        key = next(
-            line.split(":", 1)[1].strip()
-            for line in head.split("\r\n")
-            if line.lower().startswith("sec-websocket-key:")
-        )
-        accept = base64.b64encode(hashlib.sha1(key.encode() + _GUID).digest()).decode()
-        writer.write(
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            + f"Sec-WebSocket-Accept: {accept}\r\n\r\n".encode()
-        )
+        await accept_handshake(reader, writer)
         _, data = await _read_ws_frame(reader)
         hello = orjson.loads(data)
         assert hello["op"] == "hello"
@@ -231,3 +240,98 @@ async def test_a_failing_push_handler_is_logged_and_the_next_frame_still_handled
         await pushes.wait("next")
     assert pushes.tags == ["next"]
     assert any("handling a 'cancelled' push failed" in r.getMessage() for r in caplog.records)
+
+
+Peer = tuple[asyncio.StreamReader, asyncio.StreamWriter, str]
+
+
+@contextlib.asynccontextmanager
+async def raw_peer() -> AsyncIterator[tuple[str, asyncio.Future[Peer]]]:
+    """A one-connection server on port 0 that accepts the handshake and then does nothing
+    by itself: the URL, and a future of the accepted connection's streams and head."""
+    accepted: asyncio.Future[Peer] = asyncio.get_running_loop().create_future()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        head = await accept_handshake(reader, writer)
+        accepted.set_result((reader, writer, head))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    try:
+        yield f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/ws", accepted
+    finally:
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()
+
+
+async def test_the_handshake_carries_the_headers_and_client_frames_are_masked() -> None:
+    async with raw_peer() as (url, accepted):
+        ws = await connect(
+            url, headers={"Authorization": "Bearer t0ken"}, open_timeout=WAIT, max_size=None
+        )
+        reader, _, head = await accepted
+        assert "\r\nAuthorization: Bearer t0ken\r\n" in head
+        ws.write_texts([b'{"a":1}', b'{"b":2}'])
+        for expected in (b'{"a":1}', b'{"b":2}'):
+            raw, data = await asyncio.wait_for(_read_ws_frame(reader), WAIT)
+            assert (raw[0], raw[1] & 0x80, data) == (0x81, 0x80, expected)  # text, masked
+        ws.abort()
+
+
+async def test_keepalive_pings_each_interval_and_fails_1011_without_a_pong() -> None:
+    async with raw_peer() as (url, accepted):
+        ws = await connect(
+            url, headers={}, open_timeout=WAIT, max_size=None, ping_interval=0.01, ping_timeout=0.05
+        )
+        reader, writer, _ = await accepted
+        raw, data = await asyncio.wait_for(_read_ws_frame(reader), WAIT)
+        assert raw[0] == 0x89  # a ping
+        writer.write(server_frame(0xA, data))  # answered: another ping follows
+        raw, again = await asyncio.wait_for(_read_ws_frame(reader), WAIT)
+        assert raw[0] == 0x89 and again != data
+        assert await close_code(reader) == 1011  # that one goes unanswered
+        writer.close()
+        await asyncio.wait_for(ws.wait_closed(), WAIT)
+
+
+async def test_close_waits_for_the_brokers_close_and_keeps_its_code() -> None:
+    async with raw_peer() as (url, accepted):
+        ws = await connect(url, headers={}, open_timeout=WAIT, max_size=None)
+        reader, writer, _ = await accepted
+        closing = asyncio.create_task(ws.close())
+        assert await close_code(reader) == 1000
+        assert not closing.done()  # the client waits for the broker to end the TCP stream
+        writer.write(server_frame(0x8, (1001).to_bytes(2, "big") + b"bye"))
+        writer.close()
+        await asyncio.wait_for(closing, WAIT)
+        assert (ws.close_code, ws.close_reason) == (1001, "bye")
+
+
+async def test_close_drops_a_silent_broker_after_the_close_timeout() -> None:
+    async with raw_peer() as (url, accepted):
+        ws = await connect(url, headers={}, open_timeout=WAIT, max_size=None, close_timeout=0.05)
+        reader, _, _ = await accepted
+        await asyncio.wait_for(ws.close(), WAIT)
+        assert ws.close_code == 1006  # no close frame came back
+        assert await close_code(reader) == 1000  # though ours was sent
+
+
+async def test_a_refused_handshake_raises_invalid_status_with_the_code() -> None:
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    url = f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/ws"
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url, headers={}, open_timeout=WAIT, max_size=None)
+        assert refused.value.response.status_code == 401
+    finally:
+        server.close()
+        await server.wait_closed()
