@@ -34,8 +34,8 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["DirectReader", "apply_mask", "text_header", "write_joined"]
 
-# Enum members as module names: reading one off its class (``State.OPEN``) costs ~60 ns in
-# Python 3.11, and these are read for every frame.
+# Enum members as module names: reading one off its class (``State.OPEN``) is an attribute
+# lookup on the enum class, and these are read for every frame.
 _OPEN = State.OPEN
 _CONT, _TEXT, _BINARY = Opcode.CONT, Opcode.TEXT, Opcode.BINARY
 
