@@ -76,6 +76,18 @@ def test_the_commit_gate_knows_only_engine_and_store() -> None:
             assert module.startswith(("broker.engine", "broker.store")), module
 
 
+@pytest.mark.parametrize("path", files("broker/backend"), ids=lambda p: p.name)
+def test_backends_stand_below_the_server(path: Path) -> None:
+    # A backend is the job table and what keeps it: the engine, a store, the commit gate,
+    # the egress rules and the scheduler. Never the wire, the dispatcher or the server.
+    allowed = ("broker.engine", "broker.store", "broker.backend", "broker.commit",
+               "broker.egress", "broker.scheduler")  # fmt: skip
+    for module in imports(path):
+        if module.startswith("broker."):
+            assert module.startswith(allowed), f"{path.name}: {module}"
+        assert module.split(".")[0] not in {"sdk", "websockets"}, f"{path.name}: {module}"
+
+
 def _broker_node(module: str) -> str | None:
     """The node of the import graph a ``broker`` module belongs to: a top-level module of
     its own, or its subpackage (``broker.engine``, ``broker.store``) as one."""

@@ -1,0 +1,54 @@
+"""Backends: where the job table lives, behind one interface (``Backend``).
+
+``local`` is the engine's table in this process, kept by the memory or the SQLite store.
+Every backend passes one conformance suite (``tests/conformance/``), run through this
+interface on a manual clock.
+
+::
+
+    Exception
+     └── StoreError (BackendError)   the backend cannot go on; the broker stops
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..scheduler import Scheduler
+from ..store import StoreError, open_store
+from ._base import Backend, BackendError, Claim, Claimed, Enqueue, Listener, Report
+from .local import LocalBackend
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Claim",
+    "Claimed",
+    "Enqueue",
+    "Listener",
+    "LocalBackend",
+    "Report",
+    "open_backend",
+]
+
+
+def open_backend(
+    kind: str,
+    path: str,
+    scheduler: Scheduler,
+    *,
+    max_payload_bytes: int,
+    sync: str = "full",
+    accept_loss: bool = False,
+    on_failure: Callable[[StoreError], None] = lambda exc: None,
+) -> LocalBackend:
+    """The backend ``kind`` names (``memory`` or ``sqlite`` at ``path``), its table
+    loaded; raises ``StoreError``. Call on the running event loop."""
+    store = open_store(kind, path, sync=sync, accept_loss=accept_loss)
+    try:
+        return LocalBackend(
+            store, scheduler, max_payload_bytes=max_payload_bytes, on_failure=on_failure
+        )
+    except BaseException:
+        store.close()
+        raise

@@ -1,0 +1,114 @@
+"""When the backend's calls return, and what a restart finds (the backend interface's
+promise: a change is durable when its call returns, a claim at least written).
+
+Each check runs on every durable backend (``durable``) and loads a copy of the store's
+files taken right after the call returned, as a broker killed at that moment would find
+them. (The memory backend keeps nothing between runs and promises nothing of the kind.)
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker.backend import Claim, Enqueue, LocalBackend, Report
+from broker.engine import Changes, JobState, NewJob
+from broker.scheduler import SteppedScheduler
+from broker.store import SqliteStore, StoreError
+
+from .conftest import START, Rig
+
+
+async def test_an_answered_enqueue_is_on_disk(durable: Rig) -> None:
+    (job_id,) = await durable.backend.enqueue([Enqueue("q", NewJob({"a": 1}, key="k"))])
+    assert isinstance(job_id, str)
+    job = durable.on_disk_job(job_id)
+    assert job is not None and job.payload == {"a": 1} and job.key == "k"
+
+
+async def test_a_claim_is_written_before_it_is_handed_back(durable: Rig) -> None:
+    ids = [await durable.put() for _ in range(3)]
+    (got,) = await durable.backend.claim([Claim("w", ("q",), 3)])
+    on_disk = durable.on_disk()
+    for claimed in got:
+        job = on_disk.get_job(claimed.id)
+        assert job is not None and job.state is JobState.PROCESSING
+        assert job.worker_id == "w" and job.attempts == 1
+    assert sorted(c.id for c in got) == sorted(ids)
+
+
+async def test_acks_reports_and_cancels_are_on_disk(durable: Rig) -> None:
+    for _ in range(4):
+        await durable.put()
+    a, b, c, d = await durable.take(n=4)
+    await durable.backend.ack([(a.id, a.lease)])
+    await durable.backend.report(
+        [Report(b.id, b.lease, retry=True, delay_s=9.0), Report(c.id, c.lease, retry=False)]
+    )
+    await durable.backend.cancel([d.id])
+    on_disk = durable.on_disk()
+    assert on_disk.get_job(a.id) is None
+    retried = on_disk.get_job(b.id)
+    assert retried is not None and retried.state is JobState.PENDING
+    assert retried.ready_at == START + 9.0
+    dead = on_disk.get_job(c.id)
+    assert dead is not None and dead.state is JobState.DEAD
+    assert on_disk.get_job(d.id) is None
+
+
+async def test_a_reopened_backend_finds_the_table_and_its_leases(durable: Rig) -> None:
+    await durable.backend.set_queue("q")
+    held = await durable.put(visibility_timeout_s=60.0)
+    waiting = await durable.put(delay_s=30.0)
+    await durable.backend.pause("p")
+    (claimed,) = await durable.take(worker="w")
+    assert claimed.id == held
+    await durable.backend.close()
+    clock = SteppedScheduler(start=START + 1)
+    again = LocalBackend(SqliteStore(durable.path, sync="normal"), clock, max_payload_bytes=1 << 20)
+    try:
+        assert await again.held_leases() == [(held, claimed.lease, "w")]
+        assert await again.reattach("w", [(held, claimed.lease)]) == [held]
+        job = (await again.get_jobs([waiting]))[0]
+        assert job is not None and job.ready_at == START + 30.0
+        assert (await again.stats(["p"]))["p"].paused
+        assert await again.ack([(held, claimed.lease)]) == [True]
+    finally:
+        await again.close()
+
+
+class FailingStore(SqliteStore):
+    """A SQLite store whose commits fail once ``broken`` is set (a full disk, say)."""
+
+    broken = False
+
+    def commit_now(self, changes: Changes, written: Callable[[], None] = lambda: None) -> bool:
+        if self.broken:
+            raise StoreError("store: the disk is full")
+        return bool(super().commit_now(changes, written))
+
+
+async def test_a_failed_store_fails_the_call_and_every_later_one(tmp_path: Path) -> None:
+    store = FailingStore(tmp_path / "db", sync="normal")
+    failures: list[StoreError] = []
+    backend = LocalBackend(
+        store,
+        SteppedScheduler(start=START),
+        max_payload_bytes=1 << 20,
+        rng=random.Random(1),
+        on_failure=failures.append,
+    )
+    try:
+        (ok,) = await backend.enqueue([Enqueue("q", NewJob(1))])
+        assert isinstance(ok, str)
+        store.broken = True
+        with pytest.raises(StoreError, match="disk is full"):
+            await backend.enqueue([Enqueue("q", NewJob(2))])
+        assert len(failures) == 1
+        with pytest.raises(StoreError):
+            await backend.get_jobs([ok])
+    finally:
+        await backend.close()
