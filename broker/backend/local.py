@@ -141,21 +141,18 @@ class LocalBackend:
         await future
 
     def _tell_work(self, queues: frozenset[str] | None) -> None:
-        if queues is not None and not queues:
-            return
-        for listener in self._listeners:
-            try:
-                listener.work_waiting(queues)
-            except Exception:
-                log.exception("a listener failed")
+        if queues is None or queues:
+            self._tell(lambda listener: listener.work_waiting(queues))
 
     def _tell_cancelled(self, ids: list[str]) -> None:
-        if not ids:
-            return
+        if ids:
+            self._tell(lambda listener: listener.cancelled(ids))
+
+    def _tell(self, news: Callable[[Listener], None]) -> None:
         for listener in self._listeners:
             try:
-                listener.cancelled(ids)
-            except Exception:
+                news(listener)
+            except Exception:  # one listener's bug must not keep news from the others
                 log.exception("a listener failed")
 
     # -- time ------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import shutil
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from broker.backend import Backend, Claim, Claimed, Enqueue, LocalBackend
 from broker.engine import Job, JobTable, NewJob
 from broker.scheduler import SteppedScheduler
 from broker.store import MemoryStore, SqliteStore, Store
+from tests.store_files import copy_store
 
 START = 1_000_000.0
 DURABLE_KINDS = ["sqlite-normal", "sqlite-full"]
@@ -88,17 +88,7 @@ class Rig:
     def on_disk(self) -> JobTable:
         """The table as the store's files hold it now, loaded from a copy of them (as a
         broker killed now would find it at its next start)."""
-        copy = self.path.parent / "copy" / self.path.name
-        copy.parent.mkdir(exist_ok=True)
-        for suffix in ("", "-wal", "-claims", "-commits"):
-            source = self.path.with_name(self.path.name + suffix)
-            target = copy.with_name(copy.name + suffix)
-            if source.exists():
-                shutil.copyfile(source, target)
-            else:
-                target.unlink(missing_ok=True)
-        copy.with_name(copy.name + "-shm").unlink(missing_ok=True)
-        store = SqliteStore(copy, sync="normal")
+        store = SqliteStore(copy_store(self.path, self.path.parent / "copy"), sync="normal")
         try:
             return store.load(clock=self.clock.now, rng=random.Random(0), max_payload_bytes=1 << 20)
         finally:

@@ -11,7 +11,6 @@ agree on every job, every queue's counts and the next timed event.
 from __future__ import annotations
 
 import random
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 from broker.engine import JobTable
 from broker.store import SqliteStore
+from tests.store_files import copy_store
 
 START = 1000.0
 
@@ -63,16 +63,7 @@ def assert_same(live: JobTable, path: Path, clock: ManualClock) -> None:
     """Rebuild a table from what ``path`` holds now (``live``'s changes committed to it)
     and compare. The live store keeps the database locked, so a copy of its files (taken
     between commits, so a consistent one) is loaded."""
-    copy = path.parent / "snapshot" / path.name
-    copy.parent.mkdir(exist_ok=True)
-    for suffix in ("", "-wal", "-claims"):
-        source = path.with_name(path.name + suffix)
-        target = copy.with_name(copy.name + suffix)
-        if source.exists():
-            shutil.copyfile(source, target)
-        else:
-            target.unlink(missing_ok=True)
-    copy.with_name(copy.name + "-shm").unlink(missing_ok=True)
+    copy = copy_store(path, path.parent / "snapshot")
     store = SqliteStore(copy, sync="normal")  # (no fsync helper to start: loads only)
     try:
         restored = store.load(clock=clock, rng=random.Random(0), max_payload_bytes=1 << 20)
