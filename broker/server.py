@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +25,7 @@ from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 
 from . import __version__
 from .auth import TokenSlots
-from .commit import CommitGate
+from .backend import open_backend
 from .config import Config
 from .connection import Connection, Socket
 from .dispatch import Dispatcher
@@ -36,7 +35,7 @@ from .http import address, route
 from .metrics import Metrics
 from .scheduler import LoopScheduler, Scheduler
 from .static import StaticFiles
-from .store import StoreError, open_store
+from .store import StoreError
 
 __all__ = ["Broker", "running_broker", "serve_until_signalled"]
 
@@ -54,32 +53,34 @@ class Broker:
         self.config = config
         self.scheduler: Scheduler = LoopScheduler() if scheduler is None else scheduler
         self.clock = clock = self.scheduler.now
-        self.store = open_store(
-            config.store, config.db_path, sync=config.sync, accept_loss=config.accept_loss
+        # Set when the broker cannot go on (its store failed): the runner stops then.
+        self.stopped = asyncio.Event()
+        # The job table, its store and its commit gate: the local backend, built once.
+        self.backend = open_backend(
+            config.store,
+            config.db_path,
+            self.scheduler,
+            max_payload_bytes=config.max_payload_bytes,
+            sync=config.sync,
+            accept_loss=config.accept_loss,
+            on_failure=lambda exc: self.stopped.set(),
         )
-        self.table = self.store.load(
-            clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
-        )
+        self.store = self.backend.store
+        self.table = self.backend.table
+        self.gate = self.backend.gate
         config.apply_queue_opts(self.table)
         self.dispatcher = Dispatcher(
             self.table, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
         )
         # A durable store pushes whole windows: see Dispatcher._push.
         self.dispatcher.split_windows = not self.store.durable
-        self.gate: CommitGate | None = None
-        if self.store.durable:
-            self.gate = CommitGate(
-                self.table,
-                self.store,
-                before_flush=self.dispatcher.run_pending,
-                on_failure=lambda exc: self.stopped.set(),
-            )
+        # A dispatch pass due this loop turn runs first, so that its pushes ride the commit.
+        self.backend.before_commit = self.dispatcher.run_pending
+        if self.gate is not None:
             self.dispatcher.after_pass = self.gate.poke
         # A restart dropped every connection: jobs still under a valid lease get the
         # disconnect grace for their workers to re-attach them, then lapse (protocol §9).
         self.dispatcher.adopt(self.table.held_leases())
-        # Set when the broker cannot go on (its store failed): the runner stops then.
-        self.stopped = asyncio.Event()
         self.started_at = clock()
         self.feed = Feed(self.table, self.dispatcher, clock=clock, server_info=self.server_info)
         self.metrics = Metrics(
@@ -213,11 +214,9 @@ async def running_broker(
         for task in (sweeper, feed):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if broker.gate is not None:
-            # Closing the connections changed the table too (with no disconnect grace,
-            # their jobs lapsed): commit that before the store closes.
-            await broker.gate.drain()
-        broker.store.close()
+        # Closing the connections changed the table too (with no disconnect grace, their
+        # jobs lapsed): the backend commits that before its store closes.
+        await broker.backend.close()
 
 
 async def _sweep_forever(broker: Broker) -> None:
@@ -247,4 +246,4 @@ async def serve_until_signalled(
         stopped.cancel()
         signalled.cancel()
         log.info("conveyor stopping")
-    return broker.gate.failed if broker.gate is not None else None
+    return broker.backend.failed

@@ -87,8 +87,13 @@ class LocalBackend:
         self.failed: StoreError | None = None
         self.gate: CommitGate | None = None
         self._gate: Gate = IMMEDIATE
+        # Called before each commit (the server runs a dispatch pass due this loop turn,
+        # so that its claims ride that commit).
+        self.before_commit: Callable[[], None] = _nothing
         if store.durable:
-            self.gate = CommitGate(self.table, store, on_failure=self._fail)
+            self.gate = CommitGate(
+                self.table, store, before_flush=lambda: self.before_commit(), on_failure=self._fail
+            )
             self._gate = self.gate
         self._waiting: set[asyncio.Future[None]] = set()
         self._listeners: list[Listener] = []
