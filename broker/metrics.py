@@ -48,8 +48,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds from a job becoming claimable to its push: sub-millisecond to a few seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-# Seconds one garbage collection takes: a young one well under a millisecond, a full one
-# with a million pending jobs about a quarter of a second (docs/benchmarks.md).
+# Seconds one garbage collection takes: from a young generation's (the shortest) to a
+# full one over a large table (the longest; measured in docs/benchmarks.md).
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
