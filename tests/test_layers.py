@@ -88,6 +88,33 @@ def test_backends_stand_below_the_server(path: Path) -> None:
         assert module.split(".")[0] not in {"sdk", "websockets"}, f"{path.name}: {module}"
 
 
+def engine_names(path: Path) -> set[str]:
+    """The names a file imports from the engine (``from .engine import JobTable``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("engine"):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+# The modules that may hold the engine's table itself: the backend that owns it, the
+# store that keeps it, the commit gate that commits it, and the configuration's check of
+# a queues file (on a table of its own, thrown away).
+TABLE_HOLDERS = {"broker/commit.py", "broker/config.py"}
+
+
+@pytest.mark.parametrize("path", files("broker"), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_server_reaches_the_table_only_through_the_backend(path: Path) -> None:
+    where = path.relative_to(ROOT).as_posix()
+    if where.startswith(("broker/engine/", "broker/store/", "broker/backend/")):
+        return
+    if where in TABLE_HOLDERS:
+        return
+    held = engine_names(path) & {"JobTable", "Queue", "JobHandle", "Changes"}
+    assert not held, f"{where} imports {held} from the engine: go through broker/backend"
+
+
 def _broker_node(module: str) -> str | None:
     """The node of the import graph a ``broker`` module belongs to: a top-level module of
     its own, or its subpackage (``broker.engine``, ``broker.store``) as one."""
