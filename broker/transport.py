@@ -129,6 +129,7 @@ class Server:
         self.all_sockets: set[Socket] = set()  # every TCP connection, until it is lost
         self.handler_tasks: set[asyncio.Task[None]] = set()
         self._serving = True
+        self._emptied: asyncio.Future[None] | None = None  # set once all_sockets empties
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -146,32 +147,42 @@ class Server:
 
     async def close(self, code: int = CloseCode.GOING_AWAY, reason: str = "") -> None:
         """Stop listening, close every open connection with ``code`` and ``reason`` (each
-        bounded by the close timeout), drop those still in their opening handshake, and
-        return once every handler has returned."""
+        bounded by the close timeout), and return once every TCP connection is gone and
+        every handler has returned.
+
+        As with websockets' own server, a handshake still under way is refused from now on
+        (503) once its request comes, and dropped at the open timeout if none does.
+        """
         self._serving = False
         if self.listener is not None:
             self.listener.close()
-        closing = []
-        for sock in list(self.all_sockets):
-            if sock.protocol.state is _OPEN and sock.request is not None:
-                closing.append(asyncio.ensure_future(sock.close(code, reason)))
-            elif sock.protocol.state is State.CONNECTING:
-                sock.abort()  # (a request arriving now would be refused 503 anyway)
+        closing = [
+            asyncio.ensure_future(sock.close(code, reason))
+            for sock in self.all_sockets
+            if sock.protocol.state is _OPEN and sock.response is not None
+        ]
         if closing:
             await asyncio.wait(closing)
         if self.listener is not None:
             await self.listener.wait_closed()
+        if self.all_sockets:
+            self._emptied = asyncio.get_running_loop().create_future()
+            await self._emptied
         if self.handler_tasks:
             await asyncio.wait(set(self.handler_tasks))
+
+    def _forget(self, sock: Socket) -> None:
+        """``sock``'s TCP connection is gone."""
+        self.all_sockets.discard(sock)
+        if not self.all_sockets and self._emptied is not None and not self._emptied.done():
+            self._emptied.set_result(None)
 
     def _start_handler(self, sock: Socket) -> None:
         try:
             handling = self.handler(sock)
         except Exception:
             log.error("connection handler failed", exc_info=True)
-            sock.protocol.fail(CloseCode.INTERNAL_ERROR)
-            sock._flush()
-            sock._expect_close()
+            sock.fail(CloseCode.INTERNAL_ERROR)
             return
         task = asyncio.ensure_future(_handle(handling, sock))
         self.handler_tasks.add(task)
@@ -312,7 +323,7 @@ class Socket(asyncio.Protocol):
             if timer is not None:
                 timer.cancel()
         self._ping_timer = self._open_timer = self._close_timer = None
-        self._server.all_sockets.discard(self)
+        self._server._forget(self)
         if not self._lost.done():
             self._lost.set_result(None)
         self._resume()
@@ -386,10 +397,7 @@ class Socket(asyncio.Protocol):
             try:
                 message = str(data, "utf-8")
             except UnicodeDecodeError as exc:
-                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-                self._flush()
-                if self._close_timer is None:
-                    self._expect_close()
+                self.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
                 return False
         else:
             message = bytes(data)
@@ -527,10 +535,15 @@ class Socket(asyncio.Protocol):
     def _ping_lost(self) -> None:
         self._ping_timer = None
         if self.protocol.state is _OPEN:
-            self.protocol.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
-            self._flush()
-            if self._close_timer is None:
-                self._expect_close()
+            self.fail(CloseCode.INTERNAL_ERROR, "keepalive ping timeout")
+
+    def fail(self, code: int, reason: str = "") -> None:
+        """Fail the connection (RFC 6455 §7.1.7): a close frame with ``code``, the end of
+        our stream, and the TCP connection dropped past the close timeout."""
+        self.protocol.fail(code, reason)
+        self._flush()
+        if self._close_timer is None and not self._lost.done():
+            self._expect_close()
 
     # -- closing ------------------------------------------------------------------------
 

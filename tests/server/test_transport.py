@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 from collections import deque
 from collections.abc import Awaitable
@@ -22,6 +23,8 @@ import pytest
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
+from broker.config import Config
+from broker.server import running_broker
 from broker.transport import Server, Socket
 
 from .conftest import WAIT
@@ -335,3 +338,25 @@ async def test_a_router_answer_is_sent_and_the_stream_ended() -> None:
     assert head.startswith(b"HTTP/1.1 403 Forbidden\r\n") and head.endswith(b"\r\n\r\nno\n")
     assert b"Server: test" in head and o.wire.eof and not o.handled.done()
     await o.end()
+
+
+async def test_shutdown_refuses_a_handshake_under_way_and_waits_for_it(config: Config) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        broker = await stack.enter_async_context(running_broker(config))
+        assert broker.server is not None
+        host, port = broker.server.sockets[0].getsockname()[:2]
+        reader, writer = await asyncio.open_connection(host, port)
+        request = REQUEST.replace(b"Host: 127.0.0.1", f"Host: {host}:{port}".encode())
+        writer.write(request[:20])  # the request's start: the handshake is under way
+        for _ in range(500):  # until the broker has accepted the TCP connection
+            if broker.server.all_sockets:
+                break
+            await asyncio.sleep(0.01)
+        stopping = asyncio.ensure_future(stack.aclose())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # it waits for the handshake to end
+        writer.write(request[20:])
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        assert head.startswith(b"HTTP/1.1 503 ")
+        writer.close()
+        await asyncio.wait_for(stopping, WAIT)
