@@ -15,11 +15,18 @@ import asyncio
 import base64
 import contextlib
 import hashlib
+import shutil
+import ssl
+import subprocess
 from collections import deque
 from collections.abc import Awaitable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from websockets.asyncio.client import connect
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
@@ -360,3 +367,40 @@ async def test_shutdown_refuses_a_handshake_under_way_and_waits_for_it(config: C
         assert head.startswith(b"HTTP/1.1 503 ")
         writer.close()
         await asyncio.wait_for(stopping, WAIT)
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key (made by the openssl command)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the TLS test makes its certificate with the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+async def test_tls_carries_frames_the_http_side_and_the_shutdown_close(
+    config: Config, tls_files: tuple[str, str]
+) -> None:
+    cert, key = tls_files
+    trusted = ssl.create_default_context(cafile=cert)
+    async with running_broker(replace(config, tls_cert=cert, tls_key=key)) as broker:
+        assert broker.url.startswith("wss://127.0.0.1:")
+        ws = await connect(broker.url, ssl=trusted)
+        await ws.send(orjson.dumps({"op": "ping", "rid": 1}).decode())
+        assert orjson.loads(await asyncio.wait_for(ws.recv(), WAIT))["ok"] is True
+        port = int(broker.url.rsplit(":", 1)[1].split("/")[0])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=trusted)
+        writer.write(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.close()
+    # The broker closed the open connection on its way out (TLS has no half-close: the
+    # transport is closed after the closing handshake).
+    await asyncio.wait_for(ws.wait_closed(), WAIT)
+    assert ws.close_code == 1001
