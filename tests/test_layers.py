@@ -88,6 +88,23 @@ def test_backends_stand_below_the_server(path: Path) -> None:
         assert module.split(".")[0] not in {"sdk", "websockets"}, f"{path.name}: {module}"
 
 
+@pytest.mark.parametrize("name", ["postgres.py", "_pg_schema.py"])
+def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> None:
+    # The engine (its rules and guards), the store's error, the scheduler, the backend
+    # interface, and psycopg: no commit gate or egress (every call commits itself).
+    allowed = ("broker.engine", "broker.store", "broker.scheduler", "broker.backend._base",
+               "broker.backend._pg_schema")  # fmt: skip
+    for module in imports(ROOT / "broker/backend" / name):
+        if module.startswith("broker."):
+            assert module.startswith(allowed), f"{name}: {module}"
+    psycopg_users = [
+        path.name for path in files("broker") if any(
+            module.split(".")[0] == "psycopg" for module in imports(path)
+        )
+    ]  # fmt: skip
+    assert sorted(psycopg_users) == ["_pg_schema.py", "postgres.py"]
+
+
 def _broker_node(module: str) -> str | None:
     """The node of the import graph a ``broker`` module belongs to: a top-level module of
     its own, or its subpackage (``broker.engine``, ``broker.store``) as one."""
