@@ -242,7 +242,53 @@ BEGIN
 END $$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1,)
+# v2: the jobs' triggers tell the other brokers, on the channel "conveyor" (delivered at
+# commit), of the queues where work may be waiting: "w:" and the queue's name, for a job
+# enqueued, put back to pending (retry, redrive) or whose lease was ended early (lapse).
+# Cancels ("c:" and the seq) and resumes are told by the statements that make them.
+_V2 = """
+CREATE OR REPLACE FUNCTION conveyor_count_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO conveyor_counts (queue, n_ready, n_scheduled, enqueued)
+    SELECT queue, count(*) FILTER (WHERE NOT sched), count(*) FILTER (WHERE sched), count(*)
+    FROM new_rows GROUP BY queue;
+    PERFORM pg_notify('conveyor', 'w:' || d.queue)
+    FROM (SELECT DISTINCT queue FROM new_rows) d;
+    RETURN NULL;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor_count_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO conveyor_counts (queue, n_ready, n_scheduled, n_processing, n_dead,
+        retried, dead, expired)
+    SELECT d.queue, d.r, d.s, d.p, d.x, d.ret, d.died, d.exp FROM (
+        SELECT n.queue,
+               sum((n.state = 'pending' AND NOT n.sched)::int
+                   - (o.state = 'pending' AND NOT o.sched)::int) AS r,
+               sum((n.state = 'pending' AND n.sched)::int
+                   - (o.state = 'pending' AND o.sched)::int) AS s,
+               sum((n.state = 'processing')::int - (o.state = 'processing')::int) AS p,
+               sum((n.state = 'dead')::int - (o.state = 'dead')::int) AS x,
+               count(*) FILTER (WHERE o.state = 'processing' AND n.state = 'pending') AS ret,
+               count(*) FILTER (WHERE o.state <> 'dead' AND n.state = 'dead') AS died,
+               count(*) FILTER (
+                   WHERE o.state <> 'dead' AND n.state = 'dead' AND n.last_error = 'expired'
+               ) AS exp
+        FROM new_rows n JOIN old_rows o USING (seq)
+        GROUP BY n.queue
+    ) d
+    WHERE (d.r, d.s, d.p, d.x, d.ret, d.died) <> (0, 0, 0, 0, 0, 0);
+    PERFORM pg_notify('conveyor', 'w:' || n.queue)
+    FROM (
+        SELECT DISTINCT n.queue FROM new_rows n JOIN old_rows o USING (seq)
+        WHERE (n.state = 'pending' AND o.state <> 'pending')
+            OR (n.state = 'processing' AND o.state = 'processing' AND n.deadline < o.deadline)
+    ) n;
+    RETURN NULL;
+END $$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

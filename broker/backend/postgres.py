@@ -24,6 +24,7 @@ their events are found at this broker's next change or timer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
@@ -167,7 +168,7 @@ WITH d AS (
 ), t AS (
     INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
 )
-SELECT seq FROM d
+SELECT seq, pg_notify('conveyor', 'c:' || seq) FROM d
 """
 
 _REDRIVE = """
@@ -300,6 +301,10 @@ class PostgresBackend:
         self._sweeper: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
         self._closed = False
+        # What other brokers tell on the channel "conveyor" (see _pg_schema, v2).
+        self._hearing: Conn | None = None
+        self._heard: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -320,6 +325,7 @@ class PostgresBackend:
             conn: Conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
         except psycopg.Error as exc:
             raise StoreError(f"postgres: cannot connect: {exc}") from exc
+        backend: PostgresBackend | None = None
         try:
             prefix = await migrate(conn, id_prefix)
             backend = cls(
@@ -331,11 +337,14 @@ class PostgresBackend:
                 on_failure=on_failure,
             )
             backend._arm_timer(await backend._next_event(scheduler.now()))
-        except psycopg.Error as exc:
-            await conn.close()
-            raise _error(exc) from exc
-        except BaseException:
-            await conn.close()
+            await backend._start_hearing(dsn)
+        except BaseException as exc:
+            if backend is not None:
+                await backend.close()
+            else:
+                await backend_close(conn)
+            if isinstance(exc, psycopg.Error):
+                raise _error(exc) from exc
             raise
         return backend
 
@@ -407,6 +416,43 @@ class PostgresBackend:
             return None
         seq = int(digits, 16)
         return seq if seq <= _SEQ_MAX else None
+
+    # -- other brokers ---------------------------------------------------------------------
+
+    async def _start_hearing(self, dsn: str) -> None:
+        """Listen on a second connection for what other brokers' changes tell."""
+        self._hearing = hearing = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        await hearing.execute("LISTEN conveyor")
+        self._heard = asyncio.get_running_loop().create_task(self._hear(hearing))
+
+    async def _hear(self, hearing: Conn) -> None:
+        own = self._conn.info.backend_pid
+        try:
+            async for note in hearing.notifies():
+                if note.pid == own:
+                    continue  # this backend's own change: its call told the listeners
+                kind, _, what = note.payload.partition(":")
+                if kind == "w":
+                    self._tell_work(frozenset([what]))
+                    self._refresh_timer()  # the change may have brought an event nearer
+                elif kind == "c":
+                    self._tell_cancelled([self._id(int(what))])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the main connection's next call finds the failure too
+            if not self._closed:
+                log.warning("postgres: no longer hearing other brokers: %s", exc)
+
+    def _refresh_timer(self) -> None:
+        """Look up the next timed event again soon (once for a burst of news)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_now())
+
+    async def _refresh_now(self) -> None:
+        try:
+            await self._call(lambda now: _nothing(), changes=True)
+        except StoreError:
+            pass  # failed: on_failure was told, and every later call raises
 
     # -- time ------------------------------------------------------------------------------
 
@@ -1002,6 +1048,10 @@ class PostgresBackend:
                 await self._conn.execute(
                     "UPDATE conveyor_queues SET paused = %s WHERE name = %s", (paused, queue)
                 )
+                if not paused:
+                    await self._conn.execute(
+                        "SELECT pg_notify('conveyor', 'w:' || %s::text)", (queue,)
+                    )
 
         await self._call(work, changes=True)
 
@@ -1093,15 +1143,28 @@ class PostgresBackend:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        sweeper = self._sweeper
-        if sweeper is not None and not sweeper.done():
-            await sweeper  # (it raises nothing)
+        for task in (self._sweeper, self._refresh):
+            if task is not None and not task.done():
+                await task  # (it raises nothing)
+        heard = self._heard
+        if heard is not None:
+            heard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heard
+        if self._hearing is not None:
+            await backend_close(self._hearing)
         async with self._lock:
-            await self._conn.close()
+            await backend_close(self._conn)
 
 
 async def _nothing() -> None:
     return None
+
+
+async def backend_close(conn: Conn) -> None:
+    """Close ``conn``; a connection already lost closes as well."""
+    with contextlib.suppress(psycopg.Error, OSError):
+        await conn.close()
 
 
 def _claim_problem(claim: Claim) -> InvalidArgument | None:

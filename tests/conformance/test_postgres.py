@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import psycopg
 import pytest
 
 from broker.backend import Claim, Enqueue
-from broker.backend._pg_schema import SCHEMA_VERSION
+from broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
 from broker.backend.postgres import PostgresBackend
 from broker.engine import NewJob
 from broker.scheduler import SteppedScheduler
 from broker.store import StoreError
 
-from .conftest import START
+from .conftest import START, Heard
 from .pg import database
 
 
@@ -84,6 +84,61 @@ async def test_one_key_enqueued_by_two_brokers_at_once_is_one_job_enq_10(dsn: st
     finally:
         await one.close()
         await two.close()
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait (on the real clock: news travels through the server) until ``check()``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        assert loop.time() < end, "not told in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_broker_hears_of_another_brokers_work_and_cancels(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock)
+    two = await _open(dsn, clock)
+    heard_one, heard_two = Heard(), Heard()
+    one.listen(heard_one)
+    two.listen(heard_two)
+    try:
+        (job_id,) = await two.enqueue([Enqueue("q", NewJob(1))])
+        assert isinstance(job_id, str)
+        await _until(lambda: heard_one.told_work("q"))
+        (claimed,) = (await one.claim([Claim("w", ("q",), 1)]))[0]
+        heard_two.forget()
+        assert await one.lapse([(claimed.id, claimed.lease)]) == [True]
+        await _until(lambda: heard_two.told_work("q"))
+        await two.pause("q")
+        heard_one.forget()
+        await two.resume("q")
+        await _until(lambda: heard_one.told_work("q"))
+        assert await two.cancel([job_id]) == [True]
+        await _until(lambda: heard_one.cancels == [job_id])
+        # A backend's own changes come to its listeners once: from its call, not the news.
+        await asyncio.sleep(0.1)
+        assert heard_two.cancels == [job_id]
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_database_of_an_older_schema_is_migrated(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
+        await conn.execute("INSERT INTO conveyor_schema VALUES (1)")
+        await conn.execute(MIGRATIONS[0].encode())
+        await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
+    backend = await _open(dsn, SteppedScheduler(start=START))
+    try:
+        (job_id,) = await backend.enqueue([Enqueue("q", NewJob(1))])
+        assert job_id == "old-1"  # the table's prefix stays
+    finally:
+        await backend.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT version FROM conveyor_schema")
+        assert await cur.fetchall() == [(SCHEMA_VERSION,)]
 
 
 async def test_a_schema_newer_than_the_code_is_refused(dsn: str) -> None:
