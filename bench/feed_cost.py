@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/feed_cost.py [--queues 100] [--jobs 1000000]
 
-Builds an engine table with the jobs spread over the queues (a mix of ready, scheduled,
+Builds a local backend's table with the jobs spread over the queues (a mix of ready, scheduled,
 processing and dead), a feed with one viewer following a dead-letter page and a job, and
 times the work of one snapshot: sampling every queue's counters, encoding the shared
 parts, and building the viewer's frame. Stats are read from counters, so the cost grows
@@ -18,20 +18,14 @@ import statistics
 import time
 from typing import Any
 
+from broker.backend import LocalBackend
 from broker.dispatch import Dispatcher
-from broker.engine import JobTable, RawJSON
+from broker.engine import RawJSON
 from broker.feed import Feed
-from broker.scheduler import LoopScheduler
+from broker.scheduler import ManualScheduler
+from broker.store import MemoryStore
 
 PAYLOAD = RawJSON(b'{"to":"someone@example.com","subject":"hello","body":"' + b"x" * 45 + b'"}')
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Viewer:
@@ -46,9 +40,12 @@ class Viewer:
         self.frames += 1
 
 
-def build(queues: int, jobs: int) -> tuple[JobTable, Feed, Clock, str]:
-    clock = Clock()
-    table = JobTable(clock=clock, rng=random.Random(1), id_prefix="b")
+def build(queues: int, jobs: int) -> tuple[Feed, ManualScheduler, str]:
+    clock = ManualScheduler(1_000_000.0)
+    backend = LocalBackend(
+        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
+    )
+    table = backend.table  # filled directly: the fastest way to a million jobs
     per_queue = jobs // queues
     some_id = ""
     for q in range(queues):
@@ -58,13 +55,13 @@ def build(queues: int, jobs: int) -> tuple[JobTable, Feed, Clock, str]:
         for handle in queue.claim_batch("w", per_queue // 10):
             if handle.job.seq % 2:  # half the claimed ones die, half stay processing
                 handle.fail("boom")
-    dispatcher = Dispatcher(table, grace_s=5.0, scheduler=LoopScheduler(clock))
-    feed = Feed(table, dispatcher, clock=clock, server_info=lambda: {"version": "bench"})
-    return table, feed, clock, some_id
+    dispatcher = Dispatcher(backend, grace_s=5.0, scheduler=clock)
+    feed = Feed(backend, dispatcher, clock=clock.now, server_info=lambda: {"version": "bench"})
+    return feed, clock, some_id
 
 
 def measure(queues: int, jobs: int, rounds: int) -> float:
-    _, feed, clock, some_id = build(queues, jobs)
+    feed, clock, some_id = build(queues, jobs)
     viewer = Viewer()
     feed.watch(
         viewer,  # type: ignore[arg-type]
@@ -72,7 +69,7 @@ def measure(queues: int, jobs: int, rounds: int) -> float:
     )
     costs = []
     for _ in range(rounds):
-        clock.now += 1.0  # a history sample every tick, the dearest case
+        clock.advance(1.0)  # a history sample every tick, the dearest case
         feed._viewers[viewer].sent_at = None  # type: ignore[index]
         start = time.perf_counter()
         feed.tick()

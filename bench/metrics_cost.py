@@ -52,7 +52,11 @@ def render_ms(table: JobTable, rounds: int) -> tuple[float, float, int]:
     times: list[float] = []
     size = 0
     for _ in range(rounds):
-        metrics = Metrics(table, workers=lambda: 0, connections=lambda: 0)
+        metrics = Metrics(
+            lambda: {n: table.queue(n).stats() for n in table.queues()},
+            workers=lambda: 0,
+            connections=lambda: 0,
+        )
         start = time.perf_counter()
         size = len(metrics.render())
         times.append((time.perf_counter() - start) * 1000)
@@ -94,7 +98,7 @@ def p(times: list[float], q: float) -> float:
 async def loop_cost(queues: int, seconds: float) -> None:
     config = Config(port=0, store="memory", sweep_interval_s=60.0)
     async with running_broker(config) as broker:
-        fill(broker.table, queues)
+        fill(broker.backend.table, queues)
         assert broker.server is not None
         host, port = next(iter(broker.server.sockets)).getsockname()[:2]
         alone = await enqueue_times(broker.url, seconds)

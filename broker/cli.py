@@ -73,7 +73,7 @@ def _serve(args: argparse.Namespace) -> int:
     def ready(broker: Broker) -> None:
         # The cyclic collector was off while the store loaded: restoring makes millions
         # of objects that all live on, and it would have walked the growing table again
-        # and again, finding nothing (about 45% of a 1M-row load). What exists now, the
+        # and again, finding nothing (its cost: docs/benchmarks.md). What exists now, the
         # restored table above all, lives as long as the process or is freed by reference
         # counting (a job row holds no cycle once deleted), so it is frozen out of the
         # collector: later full collections do not walk it (each such walk stopped the

@@ -86,10 +86,6 @@ class Config:
             return frozenset()
         return self.tokens.get(token)
 
-    def apply_queue_opts(self, table: JobTable) -> None:
-        for name, opts in self.queue_opts.items():
-            table.queue(name, opts)
-
 
 def _env(name: str) -> str | None:
     value = os.environ.get(f"CONVEYOR_{name}")

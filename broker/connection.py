@@ -41,10 +41,9 @@ from sdk._wire import (
 )
 
 from .auth import TokenSlots, bearer
-from .commit import CommitGate
 from .config import Config
 from .dispatch import Dispatcher, Subscription
-from .egress import IMMEDIATE, Gate, Out, Wait, wait_for
+from .egress import Gate, Out, Wait, wait_for
 from .engine import InvalidArgument
 from .feed import Feed
 from .ops import HANDLERS
@@ -69,7 +68,6 @@ class Hub(OpsBroker, Protocol):
 
     config: Config
     clock: Callable[[], float]
-    gate: CommitGate | None
     dispatcher: Dispatcher
     feed: Feed
     closing: bool
@@ -137,8 +135,9 @@ class Connection:
         # Bytes queued in the outbox and not yet handed to the socket.
         self._unsent = 0
         self._max_unsent = broker.config.max_unsent_bytes
-        # Where frames wait (broker/egress.py): the store's commit gate, or none.
-        self._gate: Gate = broker.gate if broker.gate is not None else IMMEDIATE
+        # Where frames wait (broker/egress.py): the backend's gate (a durable store's
+        # commit gate, or IMMEDIATE).
+        self._gate: Gate = broker.backend.gate
         self.connected_at = broker.clock()
         self.last_seen_at = self.connected_at
         # Reading pauses while this many frames wait in the outbox (see _on_message).

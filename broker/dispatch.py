@@ -1,9 +1,11 @@
 """The dispatcher: which subscribed worker gets which claimable job, and when.
 
-It sits between the server (connections, frames) and the engine (the job table). It
-owns no job state: it claims through the engine and remembers only which connection
-holds which lease, so that it can honour ``prefetch``, tell a worker its job was
-cancelled, and let a dropped worker's jobs lapse after the disconnect grace.
+It sits between the server (connections, frames) and the backend (the job table,
+``broker/backend``). It owns no job state: it claims through the backend and remembers
+only which connection holds which lease, so that it can honour ``prefetch``, tell a
+worker its job was cancelled, and let a dropped worker's jobs lapse after the
+disconnect grace. It is the backend's ``Listener``: the backend tells it when work may
+be waiting (an enqueue, a retry, a resume, time passing) and when a job was cancelled.
 
 Theory of operation
 -------------------
@@ -16,32 +18,32 @@ happened meanwhile is handled by that single pass, and every worker gets at most
 A pass serves, in this order:
 
 1. Workers that just gained free slots: each is filled from its queues in its strict
-   order (docs/protocol.md, "subscribe").
+   order (docs/protocol.md, "subscribe"), in one ``claim`` call for them all.
 2. Queues that may have gained claimable jobs: the hungry workers waiting on such a
-   queue are served one job at a time, round-robin, until the queue runs dry or
-   nobody waits. A worker is always filled from its own ordered list, so an earlier
-   queue's job still goes first.
+   queue are served one job at a time, round-robin (one ``claim`` call with
+   ``round_robin``), until the queue runs dry or nobody waits. A worker is always
+   filled from its own ordered list, so an earlier queue's job still goes first.
 
 Hungry workers wait in one ordered set per queue, so a pass costs O(jobs handed out
 + queues touched), never O(connected workers): 10,000 idle workers cost nothing
-until work arrives. After each pass the timer is set for ``table.next_event_at()``,
-so a delayed job or a lapsing lease is pushed on time without polling.
+until work arrives. Timed events (a delayed job maturing, a lease lapsing) are the
+backend's: it says when one may have made work claimable, without polling.
 
 The dispatcher reads no clock and touches no event loop: time and callbacks come from
-the injected ``Scheduler`` (broker/scheduler.py), whose clock is the engine's, so that
+the injected ``Scheduler`` (broker/scheduler.py), whose clock is the backend's, so that
 tests drive leases, graces and timers on a manual clock.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sdk._wire import cancelled_push, jobs_push, pushed_job
 
+from .backend import Backend, Claim, Claimed, ready
 from .egress import Out
-from .engine import JobHandle, JobTable, Queue
 from .scheduler import Handle, Scheduler
 
 __all__ = ["Dispatcher", "Subscription"]
@@ -70,7 +72,7 @@ class Subscription:
     def __init__(
         self,
         worker_id: str,
-        queues: list[Queue],
+        queues: Sequence[str],
         prefetch: int,
         emit: Callable[[Out, dict[str, Any]], None],
         owner: object = None,
@@ -78,7 +80,7 @@ class Subscription:
     ) -> None:
         self.worker_id = worker_id
         self.owner = owner  # the server's connection, opaque here (the dashboard reads it)
-        self.queues = queues
+        self.queues = tuple(queues)  # their names, in the worker's strict order
         self.prefetch = prefetch
         # Queues one frame, tagged with what it is (broker/egress.py decides when it
         # leaves), on the connection; never blocks.
@@ -101,12 +103,13 @@ class Dispatcher:
     """Pushes claimable jobs to subscriptions.
 
     ``scheduler`` runs its passes and timers and tells the time; its clock must be the
-    one ``table`` reads. Call its methods from the scheduler's thread only (the event
-    loop's, for a ``LoopScheduler``).
+    one ``backend`` reads. Call its methods from the scheduler's thread only (the event
+    loop's, for a ``LoopScheduler``). It listens to ``backend`` from the start.
     """
 
-    def __init__(self, table: JobTable, *, grace_s: float, scheduler: Scheduler) -> None:
-        self.table = table
+    def __init__(self, backend: Backend, *, grace_s: float, scheduler: Scheduler) -> None:
+        self.backend = backend
+        backend.listen(self)
         self.grace_s = grace_s
         self._scheduler = scheduler
         self._waiting: dict[str, dict[Subscription, None]] = {}
@@ -120,10 +123,7 @@ class Dispatcher:
         # worker id -> (lease -> job id, grace timer) for workers whose connection ended
         self._orphans: dict[str, tuple[dict[str, str], Handle]] = {}
         self._pass_scheduled = False
-        self._timer: Handle | None = None
-        self._timer_at: float | None = None
         self.pushed = 0  # jobs pushed since start (for metrics)
-        self.after_pass: Callable[[], None] | None = None  # the commit gate's poke
         self.push_latency: Callable[[list[float]], None] | None = None
         # Push a full window in frames of half the prefetch (see _push).
         self.split_windows = True
@@ -137,14 +137,9 @@ class Dispatcher:
         valid lease (a reconnect within the grace, or after a broker restart with a
         durable store); re-attaching counts as a heartbeat. Returns the re-attached ids.
         """
-        reattached = []
         orphans = self._orphans.get(sub.worker_id)
-        for job_id, lease in leases:
-            job = self.table.get_job(job_id)
-            if job is None or job.worker_id != sub.worker_id:
-                continue
-            if not self.table.heartbeat(job_id, lease):
-                continue
+        reattached = []
+        for job_id, lease in ready(self.backend.reattach(sub.worker_id, leases)):
             previous = self._holders.get(job_id)
             if previous is not None and previous[0] is not sub:
                 # The old connection is not known dead yet; it loses the job (and the slot).
@@ -158,8 +153,8 @@ class Dispatcher:
         if orphans is not None and not orphans[0]:
             orphans[1].cancel()
             del self._orphans[sub.worker_id]
-        for queue in sub.queues:
-            self._waiting.setdefault(queue.name, {})
+        for name in sub.queues:
+            self._waiting.setdefault(name, {})
         self.subscriptions[sub] = None
         self._set_hungry(sub)
         return reattached
@@ -168,8 +163,8 @@ class Dispatcher:
         """The subscription's connection ended: its jobs lapse after the grace."""
         self.subscriptions.pop(sub, None)
         self._hungry.pop(sub, None)
-        for queue in sub.queues:
-            waiting = self._waiting.get(queue.name)
+        for name in sub.queues:
+            waiting = self._waiting.get(name)
             if waiting is not None:
                 waiting.pop(sub, None)
         held = {}
@@ -250,19 +245,27 @@ class Dispatcher:
             del self._holders[job_id]
         return owner
 
-    def cancelled(self, job_id: str) -> None:
-        """The job was cancelled: tell its holder (if any) and free the holder's slot."""
-        holder = self._holders.get(job_id)
-        sub = None if holder is None else self._free(holder[0], job_id, holder[1])
-        if sub is None:
-            return
-        sub.emit(Out.NOTICE, cancelled_push([job_id]))
-        self._set_hungry(sub)
+    # -- what the backend tells the dispatcher (it is the backend's Listener) --------------
 
-    def queue_changed(self, name: str) -> None:
-        """Jobs of queue ``name`` may have become claimable (enqueue, retry, resume...)."""
-        if name in self._waiting:
-            self._dirty.add(name)
+    def cancelled(self, job_ids: Sequence[str]) -> None:
+        """These jobs were cancelled: tell each holder (if any) and free its slot."""
+        for job_id in job_ids:
+            holder = self._holders.get(job_id)
+            sub = None if holder is None else self._free(holder[0], job_id, holder[1])
+            if sub is None:
+                continue
+            sub.emit(Out.NOTICE, cancelled_push([job_id]))
+            self._set_hungry(sub)
+
+    def work_waiting(self, queues: frozenset[str] | None) -> None:
+        """Jobs of ``queues`` (``None``: of any queue) may have become claimable."""
+        if queues is None:
+            # Which queues gained claimable jobs is not known without asking each one;
+            # asking costs O(queues with waiting workers), once per timed event.
+            self._dirty.update(name for name, waiting in self._waiting.items() if waiting)
+        else:
+            self._dirty.update(name for name in queues if name in self._waiting)
+        if self._dirty:
             self.kick()
 
     def holder(self, job_id: str) -> str | None:
@@ -278,9 +281,6 @@ class Dispatcher:
 
     def close(self) -> None:
         """Cancel every timer (the broker is stopping)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         for _, timer in self._orphans.values():
             timer.cancel()
         self._orphans.clear()
@@ -316,70 +316,59 @@ class Dispatcher:
             self._pass()
         except Exception:  # a bug here must not stop every later pass
             log.exception("dispatch pass failed")
-        self._arm_timer()
-        if self.after_pass is not None:
-            self.after_pass()
 
     def _pass(self) -> None:
-        out: dict[Subscription, list[JobHandle]] = {}
-        hungry, self._hungry = self._hungry, {}
-        for sub in hungry:
-            free = sub.free
-            if free <= 0 or sub.congested:
-                continue
-            for queue in sub.queues:
-                handles = queue.claim_batch(sub.worker_id, free)
-                if handles:
-                    self._give(sub, handles, out)
-                    free -= len(handles)
-                    if free <= 0:
-                        break
-            self._file(sub)
+        out: dict[Subscription, list[Claimed]] = {}
+        hungry = [
+            sub for sub in self._hungry if sub.free > 0 and not sub.congested
+        ]  # (each fills from its own queues, in one call for them all)
+        self._hungry = {}
+        if hungry:
+            claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in hungry]
+            for sub, got in zip(hungry, ready(self.backend.claim(claims)), strict=True):
+                if got:
+                    self._give(sub, got, out)
+                self._file(sub)
         dirty, self._dirty = self._dirty, set()
         for name in dirty:
             waiting = self._waiting.get(name)
-            while waiting:
-                sub = next(iter(waiting))
-                handle = self._claim_one(sub)
-                if handle is None:
-                    break  # every queue of sub, this one included, is dry (or paused)
-                self._give(sub, [handle], out)
-                del waiting[sub]
-                self._file(sub)  # back at the end of the line, or off it when full
-        for sub, handles in out.items():
-            self._push(sub, handles)
+            if not waiting:
+                continue
+            line = list(waiting)
+            claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in line]
+            got_each = ready(self.backend.claim(claims, round_robin=True))
+            for sub, got in zip(line, got_each, strict=True):
+                if got:
+                    self._give(sub, got, out)
+                    del waiting[sub]
+                    self._file(sub)  # back at the end of the line, or off it when full
+        for sub, claimed in out.items():
+            self._push(sub, claimed)
         # Pushes go out now, ahead of the replies queued in the same turn: a job waiting
         # for a worker is the latency that counts (a reply's sender is already busy).
         for sub in out:
             sub.flush()
 
-    def _claim_one(self, sub: Subscription) -> JobHandle | None:
-        for queue in sub.queues:
-            handle = queue.claim_one(sub.worker_id)
-            if handle is not None:
-                return handle
-        return None
-
     def _give(
-        self, sub: Subscription, handles: list[JobHandle], out: dict[Subscription, list[JobHandle]]
+        self, sub: Subscription, claimed: list[Claimed], out: dict[Subscription, list[Claimed]]
     ) -> None:
         owners = self._lease_owners
-        for handle in handles:
-            sub.in_flight[handle.lease] = handle.id
-            owners[handle.lease] = sub
-            self._holders[handle.id] = (sub, handle.lease)
-        out.setdefault(sub, []).extend(handles)
+        for job in claimed:
+            sub.in_flight[job.lease] = job.id
+            owners[job.lease] = sub
+            self._holders[job.id] = (sub, job.lease)
+        out.setdefault(sub, []).extend(claimed)
 
     def _file(self, sub: Subscription) -> None:
         """Put ``sub`` at the end of its queues' waiting lines if it has room, else off them."""
         hungry = sub.free > 0 and not sub.congested
-        for queue in sub.queues:
-            waiting = self._waiting[queue.name]
+        for name in sub.queues:
+            waiting = self._waiting[name]
             waiting.pop(sub, None)
             if hungry:
                 waiting[sub] = None
 
-    def _push(self, sub: Subscription, handles: list[JobHandle]) -> None:
+    def _push(self, sub: Subscription, handles: list[Claimed]) -> None:
         """Send ``handles`` to ``sub`` in ``jobs`` frames of at most half its prefetch
         (``split_windows``, the default), or of its whole prefetch.
 
@@ -415,38 +404,9 @@ class Dispatcher:
             sub.emit(Out.LAST_PUSH if last else Out.PUSH, jobs_push(frame))
         self.pushed += len(handles)
 
-    # -- time -----------------------------------------------------------------------------
-
-    def _arm_timer(self) -> None:
-        """Wake at ``table.next_event_at()``: a job matures, a lease lapses, a row expires."""
-        at = self.table.next_event_at()
-        armed = self._timer_at if self._timer is not None else None
-        if armed is not None and (at is None or armed <= at):
-            # The armed timer fires no later than needed. Re-arming on every pass (the
-            # earliest lease end moves with every ack) cost a tenth of a drain; an early
-            # wake only re-checks and arms again.
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = at
-        if at is not None:
-            self._timer = self._scheduler.call_at(at, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = None
-        at = self.table.next_event_at()
-        if at is not None and at <= self._scheduler.now():
-            self.sweep()
-        # Which queues gained claimable jobs is not known without asking each one;
-        # asking costs O(queues with waiting workers), once per timed event.
-        self._dirty.update(name for name, waiting in self._waiting.items() if waiting)
-        self.kick()
-
     def sweep(self) -> dict[str, int]:
-        """Run the engine's sweep now; returns its counts."""
-        result = self.table.sweep_expired()
+        """Run the backend's sweep now; returns its counts."""
+        result = ready(self.backend.sweep())
         return {"expired": result.expired, "exhausted": result.exhausted, "purged": result.purged}
 
     # -- grace ----------------------------------------------------------------------------
@@ -457,8 +417,5 @@ class Dispatcher:
             self._lapse(entry[0])
 
     def _lapse(self, held: dict[str, str]) -> None:
-        for lease, job_id in held.items():
-            name = self.table.queue_of(job_id)
-            if name is not None and self.table.lapse(job_id, lease):
-                self.queue_changed(name)
-        self.kick()
+        # The backend tells (work_waiting) which queues got their jobs back.
+        self.backend.lapse([(job_id, lease) for lease, job_id in held.items()])

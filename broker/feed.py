@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 
-from .engine import JobTable, QueueStats
+from .backend import Backend, ready
+from .engine import QueueStats
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -101,13 +102,13 @@ class Feed:
 
     def __init__(
         self,
-        table: JobTable,
+        backend: Backend,
         dispatcher: Dispatcher,
         *,
         clock: Callable[[], float],
         server_info: Callable[[], dict[str, Any]],
     ) -> None:
-        self.table = table
+        self.backend = backend
         self.dispatcher = dispatcher
         self.clock = clock
         self.server_info = server_info
@@ -202,8 +203,7 @@ class Feed:
     def _sample(self, now: float) -> dict[str, Any]:
         """Every queue's counts and rates; records a history sample once a second."""
         out: dict[str, Any] = {}
-        for name in self.table.queues():
-            stats = self.table.queue(name).stats()
+        for name, stats in ready(self.backend.stats()).items():
             t = stats.totals
             totals = (t.enqueued, t.completed, t.retried, t.dead)
             state = self._rates.get(name)
@@ -250,7 +250,7 @@ class Feed:
             listed.append(
                 {
                     "worker_id": sub.worker_id,
-                    "queues": [q.name for q in sub.queues],
+                    "queues": list(sub.queues),
                     "prefetch": sub.prefetch,
                     "in_hand": len(sub.in_flight),
                     "connected_at": getattr(owner, "connected_at", None),
@@ -262,7 +262,7 @@ class Feed:
     def _job(self, job_id: str | None) -> dict[str, Any] | None:
         if job_id is None:
             return None
-        job = self.table.get_job(job_id)
+        (job,) = ready(self.backend.get_jobs([job_id]))
         return {"id": job_id, "gone": True} if job is None else job_info(job)
 
     def _dead(self, viewer: _Viewer) -> dict[str, Any] | None:
@@ -276,10 +276,10 @@ class Feed:
             "total": 0,
             "jobs": [],
         }
-        if name not in self._rates and name not in self.table.queues():
+        stats = ready(self.backend.stats([name])).get(name)
+        if stats is None:
             return page
-        queue = self.table.queue(name)
-        page["total"] = queue.stats().dead
+        page["total"] = stats.dead
         page["jobs"] = [
             {
                 "id": job.id,
@@ -290,6 +290,6 @@ class Feed:
                     :PREVIEW_CHARS
                 ],
             }
-            for job in queue.dead_jobs(viewer.dead_offset, viewer.dead_limit)
+            for job in ready(self.backend.dead_jobs(name, viewer.dead_offset, viewer.dead_limit))
         ]
         return page

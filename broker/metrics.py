@@ -1,7 +1,7 @@
 """``GET /metrics``: the broker in the Prometheus text format 0.0.4.
 
 The table's families (per-queue gauges and counters, workers, connections) are written
-as plain text by ``render_table``, read at render time from the engine's counters (one
+as plain text by ``render_table``, read at render time from the queues' counters (one
 pass over the queues, never a walk over jobs). The rest comes from ``prometheus_client``:
 push latency, a real histogram the dispatcher feeds; the process's own figures, memory,
 CPU and open files (``process_*``); the cyclic garbage collector's counts
@@ -15,7 +15,7 @@ from __future__ import annotations
 import gc
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -32,7 +32,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from .engine import JobTable
+from .engine import QueueStats
 
 __all__ = [
     "CONTENT_TYPE",
@@ -48,8 +48,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Seconds from a job becoming claimable to its push: sub-millisecond to a few seconds.
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-# Seconds one garbage collection takes: a young one well under a millisecond, a full one
-# with a million pending jobs about a quarter of a second (docs/benchmarks.md).
+# Seconds one garbage collection takes: from a young generation's (the shortest) to a
+# full one over a large table (the longest; measured in docs/benchmarks.md).
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -79,7 +79,7 @@ def _head(family: tuple[str, str, str]) -> str:
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
 
-def render_table(table: JobTable, *, workers: int, connections: int) -> str:
+def render_table(queues: Mapping[str, QueueStats], *, workers: int, connections: int) -> str:
     """The table's families in the text format 0.0.4: per-queue job counts by state,
     paused flags and running totals (one pass over the queues' counters, no walk over
     jobs), then the worker and connection gauges.
@@ -91,8 +91,7 @@ def render_table(table: JobTable, *, workers: int, connections: int) -> str:
     jobs: list[str] = []
     paused: list[str] = []
     totals: list[list[str]] = [[] for _ in _TOTALS]
-    for name in table.queues():
-        stats = table.queue(name).stats()
+    for name, stats in queues.items():
         label = f'{{queue="{escape_label_value(name)}"'
         jobs.append(
             f'{jobs_name}{label},state="ready"}} {stats.ready}\n'
@@ -233,14 +232,14 @@ class Metrics:
 
     def __init__(
         self,
-        table: JobTable,
+        stats: Callable[[], Mapping[str, QueueStats]],
         *,
         workers: Callable[[], int],
         connections: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
         max_age_s: float = 1.0,
     ) -> None:
-        self._table = table
+        self._stats = stats
         self._workers = workers
         self._connections = connections
         self._clock = clock
@@ -264,7 +263,7 @@ class Metrics:
         now = self._clock()
         if self._body is None or now - self._rendered_at >= self.max_age_s:
             table = render_table(
-                self._table, workers=self._workers(), connections=self._connections()
+                self._stats(), workers=self._workers(), connections=self._connections()
             )
             self._body = table.encode() + generate_latest(self.registry)
             self._rendered_at = now

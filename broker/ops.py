@@ -1,15 +1,15 @@
 """The operations of docs/protocol.md §7: decode-free handlers from op name to effect.
 
 Each handler takes the connection and the request's checked fields (``sdk._wire``
-has already checked shapes and types and filled defaults), calls the engine or the
-dispatcher, and returns the reply's result members. Handlers hold no business logic:
-the engine decides every state transition. They raise ``WireError`` for a request the
-broker refuses; the engine's ``InvalidArgument`` is turned into one by the server.
+has already checked shapes and types and filled defaults), calls the backend
+(``broker/backend``) or the dispatcher, and returns the reply's result members.
+Handlers hold no business logic: the backend decides every state transition, and tells
+the dispatcher what may have become claimable. They raise ``WireError`` for a request
+the broker refuses; the engine's ``InvalidArgument`` is turned into one by the server.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,11 +28,12 @@ from sdk._wire import (
 )
 
 from . import __version__
+from .backend import Backend, Enqueue, Report, ready
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
-from .engine import InvalidArgument, JobTable, NewJob, Queue, RawJSON
-from .feed import Feed, Viewer
+from .engine import InvalidArgument, NewJob, RawJSON, check_queue_name
+from .feed import Feed, Viewer, queue_info
 
 __all__ = ["HANDLERS", "Broker", "Peer"]
 
@@ -41,23 +42,18 @@ class Broker(Protocol):
     """What the handlers use of the broker (``broker.server.Broker`` provides it)."""
 
     config: Config
-    table: JobTable
     dispatcher: Dispatcher
     feed: Feed
     clock: Callable[[], float]
 
     @property
-    def queue_names(self) -> list[str]: ...
-
-    def queue(self, name: str, field: str = "queue") -> Queue:
-        """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
+    def backend(self) -> Backend:
+        """The job table (``broker/backend``)."""
         ...
 
     def check_queue_name(self, name: str, field: str) -> None:
         """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid name."""
         ...
-
-    def queue_stats(self, name: str) -> dict[str, Any]: ...
 
 
 class Peer(Viewer, Protocol):
@@ -89,8 +85,6 @@ class Peer(Viewer, Protocol):
         ...
 
 
-log = logging.getLogger("conveyor")
-
 Result = dict[str, Any] | None
 Handler = Callable[[Peer, dict[str, Any]], Result]
 
@@ -106,11 +100,9 @@ _OPTION_NAMES = (
 )
 
 
-def _known_queue(conn: Peer, name: str) -> Queue:
-    """An existing queue, or ``not_found`` (for operations that must not create one)."""
-    if name not in conn.broker.queue_names:
-        raise WireError(ErrorCode.NOT_FOUND, f"queue: no queue named {name[:128]!r}", "queue")
-    return conn.broker.table.queue(name)
+def _no_queue(name: str) -> WireError:
+    """``not_found`` for operations that must not make a queue."""
+    return WireError(ErrorCode.NOT_FOUND, f"queue: no queue named {name[:128]!r}", "queue")
 
 
 # The longest ``client`` name a hello may give.
@@ -164,23 +156,42 @@ def _payload(conn: Peer, value: Any, field: str) -> RawJSON:
     )
 
 
+def _new_job(payload: RawJSON, spec: dict[str, Any]) -> NewJob:
+    return NewJob(payload, **{name: spec[name] for name in _OPTION_NAMES})
+
+
+def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
+    # Positional, in Enqueue's order: this is made once per job of every enqueue.
+    return Enqueue(
+        queue,
+        payload,
+        spec["priority"],
+        spec["delay_s"],
+        spec["run_at"],
+        spec["expires_s"],
+        spec["visibility_timeout_s"],
+        spec["max_attempts"],
+        spec["backoff_base_s"],
+        spec["key"],
+    )
+
+
 def enqueue(conn: Peer, f: dict[str, Any]) -> Result:
-    queue = conn.broker.queue(f["queue"])
-    payload = _payload(conn, f["payload"], "payload")
-    job_id = queue.enqueue(payload, **{name: f[name] for name in _OPTION_NAMES})
-    conn.broker.dispatcher.queue_changed(queue.name)
+    conn.broker.check_queue_name(f["queue"], "queue")
+    job = _enqueue(f["queue"], _payload(conn, f["payload"], "payload"), f)
+    (job_id,) = ready(conn.broker.backend.enqueue([job]))
+    if isinstance(job_id, Exception):
+        raise job_id  # (the connection answers invalid_argument, or internal for a bug)
     return {"id": job_id}
 
 
 def enqueue_batch(conn: Peer, f: dict[str, Any]) -> Result:
-    queue = conn.broker.queue(f["queue"])
-    jobs = []
-    for i, spec in enumerate(f["jobs"]):
-        payload = _payload(conn, spec["payload"], f"jobs[{i}].payload")
-        jobs.append(NewJob(payload, **{name: spec[name] for name in _OPTION_NAMES}))
-    ids = queue.enqueue_batch(jobs)
-    conn.broker.dispatcher.queue_changed(queue.name)
-    return {"ids": ids}
+    conn.broker.check_queue_name(f["queue"], "queue")
+    jobs = [
+        _new_job(_payload(conn, spec["payload"], f"jobs[{i}].payload"), spec)
+        for i, spec in enumerate(f["jobs"])
+    ]
+    return {"ids": ready(conn.broker.backend.enqueue_all(f["queue"], jobs))}
 
 
 _EACH_JOBS = OPS[Op.ENQUEUE_EACH].by_name["jobs"]
@@ -193,71 +204,68 @@ def _within(exc: WireError, prefix: str) -> WireError:
     return WireError(exc.code, f"{prefix}.{exc.message}", f"{prefix}.{exc.field}")
 
 
+def _refused(exc: InvalidArgument, i: int) -> dict[str, Any]:
+    error = WireError(ErrorCode(exc.code), str(exc), exc.field)
+    return {"error": _within(error, f"jobs[{i}]").error_object()}
+
+
 def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
     """Each job on its own, in order: an id, or the error ``enqueue`` would have given,
     its field under the entry's path (``jobs[3].priority``). One bad job fails alone:
     a client coalescing independent enqueues into one frame (the SDK) relies on it."""
-    results: list[dict[str, Any]] = []
-    changed: set[str] = set()
-    table = conn.broker.table
+    results: list[dict[str, Any] | None] = []
+    batch: list[Enqueue] = []
     limit = conn.broker.config.max_payload_bytes
     for i, item in enumerate(f["jobs"]):
         try:
             job = check_entry(_EACH_JOBS, item, i)
             try:
-                queue = table.queue(job["queue"])
+                check_queue_name(job["queue"])
                 payload = RawJSON(encode_payload(job["payload"], max_bytes=limit))
-                job_id = queue.enqueue(
-                    payload,
-                    priority=job["priority"],
-                    delay_s=job["delay_s"],
-                    run_at=job["run_at"],
-                    expires_s=job["expires_s"],
-                    visibility_timeout_s=job["visibility_timeout_s"],
-                    max_attempts=job["max_attempts"],
-                    backoff_base_s=job["backoff_base_s"],
-                    key=job["key"],
-                )
-            except InvalidArgument as exc:  # a bad queue name, an option out of range
-                error = WireError(ErrorCode(exc.code), str(exc), exc.field)
-                raise _within(error, f"jobs[{i}]") from None
+            except InvalidArgument as exc:  # a bad queue name
+                results.append(_refused(exc, i))
+                continue
             except WireError as exc:  # the payload: its path is made only when it failed
                 raise _within(exc, f"jobs[{i}]") from None
         except WireError as exc:
             results.append({"error": exc.error_object()})
             continue
-        except Exception:
-            # Our bug, not the peer's (as in Connection.handle_frame): this job only.
-            log.exception("internal error in enqueue_each")
-            internal = WireError(ErrorCode.INTERNAL, "internal error")
-            results.append({"error": internal.error_object()})
-            continue
-        results.append({"id": job_id})
-        changed.add(queue.name)
-    for name in changed:
-        conn.broker.dispatcher.queue_changed(name)
-    return {"results": results}
+        results.append(None)  # filled in from the backend's answer below
+        batch.append(_enqueue(job["queue"], payload, job))
+    answers = iter(ready(conn.broker.backend.enqueue(batch)))
+    out: list[dict[str, Any]] = []
+    for i, result in enumerate(results):
+        if result is None:
+            answer = next(answers)
+            if isinstance(answer, InvalidArgument):
+                # An option out of range fails that job alone, as it would have on its own.
+                result = _refused(answer, i)
+            elif isinstance(answer, Exception):
+                # Our bug, not the peer's (logged by the backend): this job only.
+                result = {"error": WireError(ErrorCode.INTERNAL, "internal error").error_object()}
+            else:
+                result = {"id": answer}
+        out.append(result)
+    return {"results": out}
 
 
 def get_job(conn: Peer, f: dict[str, Any]) -> Result:
-    job = conn.broker.table.get_job(f["id"])
+    (job,) = ready(conn.broker.backend.get_jobs([f["id"]]))
     return {"job": None if job is None else job_info(job)}
 
 
 def cancel(conn: Peer, f: dict[str, Any]) -> Result:
-    cancelled = conn.broker.table.cancel(f["id"])
-    if cancelled:
-        conn.broker.dispatcher.cancelled(f["id"])
+    # The backend tells the dispatcher, which tells the job's holder (a cancelled push).
+    (cancelled,) = ready(conn.broker.backend.cancel([f["id"]]))
     return {"cancelled": cancelled}
 
 
 def stats(conn: Peer, f: dict[str, Any]) -> Result:
-    broker = conn.broker
-    if f["queue"] is not None:
-        names = [_known_queue(conn, f["queue"]).name]
-    else:
-        names = broker.table.queues()
-    return {"queues": {name: broker.queue_stats(name) for name in names}}
+    name = f["queue"]
+    found = ready(conn.broker.backend.stats(None if name is None else [name]))
+    if name is not None and name not in found:
+        raise _no_queue(name)
+    return {"queues": {queue: queue_info(counts) for queue, counts in found.items()}}
 
 
 def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
@@ -275,12 +283,14 @@ def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
             f"prefetch: must be at most {broker.config.max_prefetch}, got {prefetch}",
             "prefetch",
         )
-    for i, name in enumerate(f["queues"]):  # all checked before any queue is made
+    names: list[str] = f["queues"]
+    for i, name in enumerate(names):  # all checked before any queue is made
         broker.check_queue_name(name, f"queues[{i}]")
-    queues = [broker.queue(name) for name in f["queues"]]
+    for name in names:  # made now, so that stats and the dashboard show them
+        ready(broker.backend.set_queue(name))
     sub = Subscription(
         f["worker_id"],
-        queues,
+        names,
         prefetch,
         conn.emit,
         owner=conn,
@@ -304,66 +314,66 @@ def _finish(conn: Peer, job_id: str, lease: str) -> None:
 
 
 def ack(conn: Peer, f: dict[str, Any]) -> Result:
-    landed = conn.broker.table.ack(f["id"], f["lease"])
+    (landed,) = ready(conn.broker.backend.ack([(f["id"], f["lease"])]))
+    _finish(conn, f["id"], f["lease"])
+    return {"landed": landed}
+
+
+def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Result:
+    report = Report(f["id"], f["lease"], retry=retry, error=f["error"], delay_s=f.get("delay_s"))
+    (landed,) = ready(conn.broker.backend.report([report]))
+    if isinstance(landed, InvalidArgument):
+        raise landed
     _finish(conn, f["id"], f["lease"])
     return {"landed": landed}
 
 
 def retry(conn: Peer, f: dict[str, Any]) -> Result:
-    table = conn.broker.table
-    landed = table.retry(f["id"], f["lease"], f["error"], f["delay_s"])
-    _finish(conn, f["id"], f["lease"])
-    name = table.queue_of(f["id"]) if landed else None
-    if name is not None:
-        conn.broker.dispatcher.queue_changed(name)
-    return {"landed": landed}
+    return _report(conn, f, retry=True)
 
 
 def fail(conn: Peer, f: dict[str, Any]) -> Result:
-    landed = conn.broker.table.fail(f["id"], f["lease"], f["error"])
-    _finish(conn, f["id"], f["lease"])
-    return {"landed": landed}
+    return _report(conn, f, retry=False)
 
 
 def heartbeat(conn: Peer, f: dict[str, Any]) -> Result:
-    return {"landed": conn.broker.table.heartbeat(f["id"], f["lease"])}
+    (landed,) = ready(conn.broker.backend.heartbeat([(f["id"], f["lease"])]))
+    return {"landed": landed}
 
 
 def ack_batch(conn: Peer, f: dict[str, Any]) -> Result:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
-    landed = conn.broker.table.ack_many(pairs)
+    landed = ready(conn.broker.backend.ack(pairs))
     conn.broker.dispatcher.finished_many(conn.subscription, pairs)
     return {"landed": landed}
 
 
 def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Result:
-    table = conn.broker.table
-    return {"landed": [table.heartbeat(item["id"], item["lease"]) for item in f["items"]]}
+    pairs = [(item["id"], item["lease"]) for item in f["items"]]
+    return {"landed": ready(conn.broker.backend.heartbeat(pairs))}
 
 
 def pause(conn: Peer, f: dict[str, Any]) -> Result:
-    conn.broker.queue(f["queue"]).pause()
+    ready(conn.broker.backend.pause(f["queue"]))
     return {"paused": True}
 
 
 def resume(conn: Peer, f: dict[str, Any]) -> Result:
-    queue = _known_queue(conn, f["queue"])
-    queue.resume()
-    conn.broker.dispatcher.queue_changed(queue.name)
+    if not ready(conn.broker.backend.resume(f["queue"])):
+        raise _no_queue(f["queue"])
     return {"paused": False}
 
 
 def redrive(conn: Peer, f: dict[str, Any]) -> Result:
-    table = conn.broker.table
-    redriven = table.redrive(f["id"])
-    name = table.queue_of(f["id"]) if redriven else None
-    if name is not None:
-        conn.broker.dispatcher.queue_changed(name)
+    (redriven,) = ready(conn.broker.backend.redrive([f["id"]]))
     return {"redriven": redriven}
 
 
 def purge_dead(conn: Peer, f: dict[str, Any]) -> Result:
-    return {"purged": _known_queue(conn, f["queue"]).purge_dead()}
+    purged = ready(conn.broker.backend.purge_dead(f["queue"]))
+    if purged is None:
+        raise _no_queue(f["queue"])
+    return {"purged": purged}
 
 
 def sweep(conn: Peer, f: dict[str, Any]) -> Result:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -26,17 +25,17 @@ from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 
 from . import __version__
 from .auth import TokenSlots
-from .commit import CommitGate
+from .backend import open_backend, ready
 from .config import Config
 from .connection import Connection, Socket
 from .dispatch import Dispatcher
-from .engine import InvalidArgument, Queue, check_queue_name
-from .feed import Feed, queue_info
+from .engine import InvalidArgument, check_queue_name
+from .feed import Feed
 from .http import address, route
 from .metrics import Metrics
 from .scheduler import LoopScheduler, Scheduler
 from .static import StaticFiles
-from .store import StoreError, open_store
+from .store import StoreError
 
 __all__ = ["Broker", "running_broker", "serve_until_signalled"]
 
@@ -54,36 +53,34 @@ class Broker:
         self.config = config
         self.scheduler: Scheduler = LoopScheduler() if scheduler is None else scheduler
         self.clock = clock = self.scheduler.now
-        self.store = open_store(
-            config.store, config.db_path, sync=config.sync, accept_loss=config.accept_loss
-        )
-        self.table = self.store.load(
-            clock=clock, rng=random.Random(), max_payload_bytes=config.max_payload_bytes
-        )
-        config.apply_queue_opts(self.table)
-        self.dispatcher = Dispatcher(
-            self.table, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
-        )
-        # A durable store pushes whole windows: see Dispatcher._push.
-        self.dispatcher.split_windows = not self.store.durable
-        self.gate: CommitGate | None = None
-        if self.store.durable:
-            self.gate = CommitGate(
-                self.table,
-                self.store,
-                before_flush=self.dispatcher.run_pending,
-                on_failure=lambda exc: self.stopped.set(),
-            )
-            self.dispatcher.after_pass = self.gate.poke
-        # A restart dropped every connection: jobs still under a valid lease get the
-        # disconnect grace for their workers to re-attach them, then lapse (protocol §9).
-        self.dispatcher.adopt(self.table.held_leases())
         # Set when the broker cannot go on (its store failed): the runner stops then.
         self.stopped = asyncio.Event()
+        # The job table, its store and its commit gate: the local backend, built once.
+        self.backend = open_backend(
+            config.store,
+            config.db_path,
+            self.scheduler,
+            max_payload_bytes=config.max_payload_bytes,
+            sync=config.sync,
+            accept_loss=config.accept_loss,
+            on_failure=lambda exc: self.stopped.set(),
+        )
+        for name, opts in config.queue_opts.items():
+            ready(self.backend.set_queue(name, opts))
+        self.dispatcher = Dispatcher(
+            self.backend, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
+        )
+        # A durable store pushes whole windows: see Dispatcher._push.
+        self.dispatcher.split_windows = not self.backend.durable
+        # A dispatch pass due this loop turn runs first, so that its pushes ride the commit.
+        self.backend.before_commit = self.dispatcher.run_pending
+        # A restart dropped every connection: jobs still under a valid lease get the
+        # disconnect grace for their workers to re-attach them, then lapse (protocol §9).
+        self.dispatcher.adopt(ready(self.backend.held_leases()))
         self.started_at = clock()
-        self.feed = Feed(self.table, self.dispatcher, clock=clock, server_info=self.server_info)
+        self.feed = Feed(self.backend, self.dispatcher, clock=clock, server_info=self.server_info)
         self.metrics = Metrics(
-            self.table,
+            lambda: ready(self.backend.stats()),
             workers=lambda: len(self.dispatcher.subscriptions),
             connections=lambda: len(self.connections),
         )
@@ -100,23 +97,12 @@ class Broker:
         """The dashboard's header: who this broker is and how busy."""
         return {
             "version": __version__,
-            "store": self.store.name,
+            "store": self.backend.name,
             "started_at": self.started_at,
             "connections": len(self.connections),
         }
 
     # -- helpers for the handlers ---------------------------------------------------------
-
-    @property
-    def queue_names(self) -> list[str]:
-        return self.table.queues()
-
-    def queue(self, name: str, field: str = "queue") -> Queue:
-        """The queue ``name`` (made on first use); ``invalid_argument`` for a bad name."""
-        try:
-            return self.table.queue(name)
-        except InvalidArgument as exc:
-            raise _bad_name(exc, field) from None
 
     def check_queue_name(self, name: str, field: str) -> None:
         """Raise ``invalid_argument`` naming ``field`` unless ``name`` is a valid queue name."""
@@ -124,9 +110,6 @@ class Broker:
             check_queue_name(name)
         except InvalidArgument as exc:
             raise _bad_name(exc, field) from None
-
-    def queue_stats(self, name: str) -> dict[str, Any]:
-        return queue_info(self.table.queue(name).stats())
 
     # -- HTTP side of the port ------------------------------------------------------------
 
@@ -205,19 +188,17 @@ async def running_broker(
         broker.closing = True
         sweeper.cancel()
         feed.cancel()
-        if broker.gate is not None:
-            await broker.gate.drain()  # answered work is on disk before anyone is told "bye"
+        with contextlib.suppress(StoreError):  # (a failed store: logged, and stops us anyway)
+            await broker.backend.settle()  # answered work is durable before anyone hears "bye"
         server.close(close_connections=True, code=CLOSE_GOING_AWAY, reason="broker shutting down")
         await server.wait_closed()
         broker.dispatcher.close()
         for task in (sweeper, feed):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if broker.gate is not None:
-            # Closing the connections changed the table too (with no disconnect grace,
-            # their jobs lapsed): commit that before the store closes.
-            await broker.gate.drain()
-        broker.store.close()
+        # Closing the connections changed the table too (with no disconnect grace, their
+        # jobs lapsed): the backend commits that before its store closes.
+        await broker.backend.close()
 
 
 async def _sweep_forever(broker: Broker) -> None:
@@ -247,4 +228,4 @@ async def serve_until_signalled(
         stopped.cancel()
         signalled.cancel()
         log.info("conveyor stopping")
-    return broker.gate.failed if broker.gate is not None else None
+    return broker.backend.failed

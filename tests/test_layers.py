@@ -91,9 +91,9 @@ def test_backends_stand_below_the_server(path: Path) -> None:
 @pytest.mark.parametrize("name", ["postgres.py", "_pg_schema.py"])
 def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> None:
     # The engine (its rules and guards), the store's error, the scheduler, the backend
-    # interface, and psycopg: no commit gate or egress (every call commits itself).
+    # interface, the egress gate, and psycopg: no commit gate (every call commits itself).
     allowed = ("broker.engine", "broker.store", "broker.scheduler", "broker.backend._base",
-               "broker.backend._pg_schema")  # fmt: skip
+               "broker.backend._pg_schema", "broker.egress")  # fmt: skip
     for module in imports(ROOT / "broker/backend" / name):
         if module.startswith("broker."):
             assert module.startswith(allowed), f"{name}: {module}"
@@ -103,6 +103,33 @@ def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> Non
         )
     ]  # fmt: skip
     assert sorted(psycopg_users) == ["_pg_schema.py", "postgres.py"]
+
+
+def engine_names(path: Path) -> set[str]:
+    """The names a file imports from the engine (``from .engine import JobTable``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("engine"):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+# The modules that may hold the engine's table itself: the backend that owns it, the
+# store that keeps it, the commit gate that commits it, and the configuration's check of
+# a queues file (on a table of its own, thrown away).
+TABLE_HOLDERS = {"broker/commit.py", "broker/config.py"}
+
+
+@pytest.mark.parametrize("path", files("broker"), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_server_reaches_the_table_only_through_the_backend(path: Path) -> None:
+    where = path.relative_to(ROOT).as_posix()
+    if where.startswith(("broker/engine/", "broker/store/", "broker/backend/")):
+        return
+    if where in TABLE_HOLDERS:
+        return
+    held = engine_names(path) & {"JobTable", "Queue", "JobHandle", "Changes"}
+    assert not held, f"{where} imports {held} from the engine: go through broker/backend"
 
 
 def _broker_node(module: str) -> str | None:

@@ -18,7 +18,18 @@ from collections.abc import Callable
 
 from ..scheduler import Scheduler
 from ..store import StoreError, open_store
-from ._base import Backend, BackendError, Claim, Claimed, Enqueue, Listener, Report
+from ._base import (
+    Backend,
+    BackendError,
+    Claim,
+    Claimed,
+    Enqueue,
+    Listener,
+    Pending,
+    Ready,
+    Report,
+    ready,
+)
 from .local import LocalBackend
 
 __all__ = [
@@ -29,8 +40,11 @@ __all__ = [
     "Enqueue",
     "Listener",
     "LocalBackend",
+    "Pending",
+    "Ready",
     "Report",
     "open_backend",
+    "ready",
 ]
 
 

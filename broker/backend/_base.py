@@ -1,40 +1,48 @@
 """The backend interface: where the job table lives, as the broker's server needs it.
 
-Every call is ``async`` and batch-shaped, so that a backend whose table lives in a
-database server (network round trips, several brokers changing one table) answers a
-whole batch in one round trip, and none assumes that this process alone changes the
-table: what a call returns is what the table said at that call, and a change made
-elsewhere reaches this broker through its ``Listener``.
+Every call is batch-shaped, so that a backend whose table lives in a database server
+(network round trips, several brokers changing one table) answers a whole batch in one
+round trip, and none assumes that this process alone changes the table: what a call
+returns is what the table said at that call, and a change made elsewhere reaches this
+broker through its ``Listener``.
 
 The rules each call follows are the job contract's (``docs/contract.md``; the ids are
-cited below). What a backend adds is when a call returns:
+cited below). What a backend adds is *when*:
 
-- A call that changes the table returns once its change is *durable*: as durable as
-  the backend promises (nothing for the memory backend; on disk, and with
-  ``--sync full`` synced, for SQLite; committed for a database server). A reply made
-  from its result may leave at once.
-- ``claim`` returns once its claims are *written* (a killed broker keeps them), and,
-  when one of the jobs is on its last attempt, once they are durable: a push made from
-  its result may leave at once (the rule of ``broker/egress.py``).
-- Read-only calls (``get_jobs``, ``stats``, ``dead_jobs``, ``queues``) return what the
-  table holds, changes not yet durable included.
-- A call that cannot be carried out because the backend failed raises
-  ``BackendError``; the broker must then stop. Bad arguments raise the engine's
-  ``InvalidArgument`` (its ``.field`` names the argument) and change nothing, except
-  in ``enqueue``, where each job stands alone and its error is its result.
+- Calls take effect in the order they are made.
+- Each call returns a ``Pending`` result: awaitable, and ``done()`` once the result is
+  there. The local backend's results are there when the call returns (the engine
+  decides at once); a database server's come with its answer.
+- A frame made from a result goes out through the backend's ``gate``
+  (``broker/egress.py`` says what each kind of frame waits for there): the local
+  backend's commit gate holds it until the change is written or durable; a backend whose
+  results come only once committed has nothing left to wait for (``IMMEDIATE``).
+  *Durable* is as durable as the backend promises: nothing for memory; on disk, and with
+  ``--sync full`` synced, for SQLite; committed for a database server.
+- Read-only calls (``get_jobs``, ``stats``, ``dead_jobs``, ``queues``) see every change
+  made before them, durable or not (their frames wait in the gate like any other).
+- A backend that fails (a store that cannot write) raises ``BackendError`` from its
+  calls, or fails their results with it; the broker must then stop. Bad arguments raise
+  the engine's ``InvalidArgument`` (its ``.field`` names the argument) and change
+  nothing, except where a batch's items stand alone (``enqueue``, ``report``): there an
+  item's error is its result.
 
-Listeners are told after the change they describe is durable, from the event loop,
-and must not raise.
+Listeners are told of a change once it is made (the local backend: within the call),
+from the event loop, and must not raise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from ..egress import Gate
 from ..engine import InvalidArgument, Job, NewJob, QueueOpts, QueueStats, SweepResult
 from ..store import StoreError
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 __all__ = [
     "Backend",
@@ -43,19 +51,73 @@ __all__ = [
     "Claimed",
     "Enqueue",
     "Listener",
+    "Pending",
+    "Ready",
     "Report",
+    "ready",
 ]
 
 # A backend's failure is a store's failure: the broker stops on either.
 BackendError = StoreError
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueue:
-    """One job to enqueue on ``queue`` (``NewJob``'s options, ENQ-2 to ENQ-10)."""
+class Pending(Protocol[T_co]):
+    """A call's result: awaitable, and readable once ``done()`` (``asyncio.Future`` is
+    one; so is ``Ready``)."""
+
+    def done(self) -> bool: ...
+
+    def result(self) -> T_co:
+        """The result (raises what the call raised); only once ``done()``."""
+        ...
+
+    def __await__(self) -> Generator[Any, None, T_co]: ...
+
+
+class Ready(Generic[T]):
+    """A result there at once: no event loop, no future, nothing scheduled."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: T) -> None:
+        self._value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> T:
+        return self._value
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._value
+        yield  # (a generator that yields nothing: awaiting it returns at once)
+
+
+def ready(result: Pending[T]) -> T:
+    """The result of a call whose result must be there already.
+
+    The server reads each result in the callback that made the call (the local backend
+    answers at once); a backend that answers later needs its callers to wait, and meets
+    this error until they do."""
+    if not result.done():
+        raise RuntimeError("the server needs a backend that answers at once (the local one)")
+    return result.result()
+
+
+class Enqueue(NamedTuple):
+    """One job to enqueue on ``queue``: its payload and options (ENQ-2 to ENQ-10; the
+    same as ``NewJob``'s). A named tuple: one is made per job on the hot path."""
 
     queue: str
-    job: NewJob
+    payload: Any
+    priority: int = 0
+    delay_s: float | None = None
+    run_at: float | None = None
+    expires_s: float | None = None
+    visibility_timeout_s: float | None = None
+    max_attempts: int | None = None
+    backoff_base_s: float | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,26 +130,35 @@ class Claim:
     n: int
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
-    """One job a claim handed out, with what its push carries (CLM-7)."""
-
-    id: str
-    queue: str
-    lease: str
-    payload_json: bytes
-    attempt: int
-    max_attempts: int
-    deadline: float
-    priority: int
-    visibility_timeout_s: float
-    # When the job became claimable for this claim: its ready time, or its enqueue.
-    ready_since: float
+class Claimed(Protocol):
+    """One job a claim handed out, with what its push carries (CLM-7). The local
+    backend hands out the engine's own claim handles, which have these attributes."""
 
     @property
-    def last_attempt(self) -> bool:
-        """Whether this claim is the job's last attempt (it must not start again)."""
-        return self.attempt >= self.max_attempts
+    def id(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def lease(self) -> str: ...
+    @property
+    def payload_json(self) -> bytes: ...
+    @property
+    def attempt(self) -> int:
+        """This claim's attempt: the job's last when it is ``max_attempts``."""
+        ...
+
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def deadline(self) -> float: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def visibility_timeout_s(self) -> float: ...
+    @property
+    def ready_since(self) -> float:
+        """When the job became claimable for this claim: its ready time, or its enqueue."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +188,14 @@ class Listener(Protocol):
 
 class Backend(Protocol):
     """The job table as the server uses it. See the module docstring for when each call
-    returns; each method's docstring names the contract rules it follows."""
+    takes effect and when a frame made from its result may leave; each method's
+    docstring names the contract rules it follows."""
 
     name: str
     # Whether the table outlives the process.
     durable: bool
+    # Where frames made from results wait (broker/egress.py).
+    gate: Gate
 
     def now(self) -> float:
         """The backend's clock (TIM-1): the time its calls see."""
@@ -131,91 +205,103 @@ class Backend(Protocol):
         """Tell ``listener`` of every change it should know of, from now on."""
         ...
 
-    async def enqueue(self, jobs: Sequence[Enqueue]) -> list[str | InvalidArgument]:
+    def enqueue(self, jobs: Sequence[Enqueue]) -> Pending[list[str | Exception]]:
         """Enqueue each job on its own, in order (the queue made on first use): its id
-        (an existing job's for a key still taken, ENQ-10), or why it was refused."""
+        (an existing job's for a key still taken, ENQ-10), or why it was refused
+        (``InvalidArgument``), or what went wrong with it alone (any other exception:
+        a bug, logged; the other jobs go on)."""
         ...
 
-    async def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
+    def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> Pending[list[str]]:
         """Enqueue every job on ``queue`` or none (ENQ-11); their ids, in order. Raises
         ``InvalidArgument`` naming the job (``jobs[3].delay_s``)."""
         ...
 
-    async def claim(self, claims: Sequence[Claim]) -> list[list[Claimed]]:
-        """Serve each claim in the order given (CLM-1 to CLM-8): for each, the jobs it
-        was handed, at most ``n``, from its queues in their order. Queues that do not
-        exist hand out nothing."""
+    def claim(
+        self, claims: Sequence[Claim], *, round_robin: bool = False
+    ) -> Pending[list[list[Claimed]]]:
+        """For each claim, the jobs it was handed (CLM-1 to CLM-8): at most ``n``, each
+        from the first of its queues that has one. The claims are served one after the
+        other, or with ``round_robin`` one job each in turn until each has its ``n`` or
+        nothing is left that it may take. Queues that do not exist hand out nothing."""
         ...
 
-    async def ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def ack(self, leases: Sequence[tuple[str, str]]) -> Pending[list[bool]]:
         """Ack each ``(id, lease)`` on its own (HND-5, HND-10): whether it landed."""
         ...
 
-    async def report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
+    def report(self, reports: Sequence[Report]) -> Pending[list[bool | InvalidArgument]]:
         """Retry (HND-6) or fail (HND-7) each lease on its own: whether it landed, or
         why the report was refused (a bad ``delay_s`` or ``error``, HND-3)."""
         ...
 
-    async def heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def heartbeat(self, leases: Sequence[tuple[str, str]]) -> Pending[list[bool]]:
         """Extend each valid lease to now plus its job's visibility timeout (HND-8)."""
         ...
 
-    async def lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def lapse(self, leases: Sequence[tuple[str, str]]) -> Pending[list[bool]]:
         """End each valid lease now, its attempt spent (HND-11): a worker is gone."""
         ...
 
-    async def reattach(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
-        """The ids of the jobs among ``leases`` still held by ``worker_id`` under that
-        valid lease, each heartbeaten (a worker that reconnected)."""
+    def reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> Pending[list[tuple[str, str]]]:
+        """The ``(id, lease)`` pairs among ``leases`` whose job ``worker_id`` still holds
+        under that valid lease, each heartbeaten (a worker that reconnected)."""
         ...
 
-    async def held_leases(self) -> list[tuple[str, str, str]]:
+    def held_leases(self) -> Pending[list[tuple[str, str, str]]]:
         """``(id, lease, worker id)`` of every job under a valid lease now."""
         ...
 
-    async def cancel(self, ids: Sequence[str]) -> list[bool]:
+    def cancel(self, ids: Sequence[str]) -> Pending[list[bool]]:
         """Delete each job whatever its state (OPS-2): whether it existed."""
         ...
 
-    async def get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
+    def get_jobs(self, ids: Sequence[str]) -> Pending[list[Job | None]]:
         """A snapshot of each job, or ``None`` (OPS-3, JOB-4)."""
         ...
 
-    async def set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
-        """Make queue ``name`` if it does not exist, and give it ``opts`` (ENQ-3)."""
+    def set_queue(self, name: str, opts: QueueOpts | None = None) -> Pending[None]:
+        """Make queue ``name`` if it does not exist; with ``opts``, give it those
+        (ENQ-3). Raises ``InvalidArgument`` for a bad name or bad options."""
         ...
 
-    async def queues(self) -> list[str]:
-        """The names of every queue."""
+    def queues(self) -> Pending[list[str]]:
+        """The names of every queue, in the order they were made."""
         ...
 
-    async def pause(self, queue: str) -> None:
+    def pause(self, queue: str) -> Pending[None]:
         """Stop hand-outs from ``queue`` (OPS-4), making it if need be."""
         ...
 
-    async def resume(self, queue: str) -> None:
-        """Hand out from ``queue`` again (OPS-4)."""
+    def resume(self, queue: str) -> Pending[bool]:
+        """Hand out from ``queue`` again (OPS-4); ``False`` if there is no such queue."""
         ...
 
-    async def redrive(self, ids: Sequence[str]) -> list[bool]:
+    def redrive(self, ids: Sequence[str]) -> Pending[list[bool]]:
         """Put each dead job back to pending (OPS-5): whether it was dead."""
         ...
 
-    async def purge_dead(self, queue: str) -> int:
-        """Delete ``queue``'s dead jobs (OPS-6): how many."""
+    def purge_dead(self, queue: str) -> Pending[int | None]:
+        """Delete ``queue``'s dead jobs (OPS-6): how many (``None``: no such queue)."""
         ...
 
-    async def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> list[Job]:
+    def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> Pending[list[Job]]:
         """A page of ``queue``'s dead jobs, the most recent death first."""
         ...
 
-    async def stats(self, queues: Sequence[str] | None = None) -> dict[str, QueueStats]:
+    def stats(self, queues: Sequence[str] | None = None) -> Pending[dict[str, QueueStats]]:
         """The counts of each queue named (of every queue for ``None``; CST-4); a name
         with no queue is left out."""
         ...
 
-    async def sweep(self) -> SweepResult:
+    def sweep(self) -> Pending[SweepResult]:
         """Expire, kill the used-up and purge past retention now (DLQ-3 to DLQ-5)."""
+        ...
+
+    async def settle(self) -> None:
+        """Return once every change made so far is durable."""
         ...
 
     async def close(self) -> None:

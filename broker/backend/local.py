@@ -3,14 +3,14 @@
 The engine (``broker/engine``) decides every change, synchronously; the store
 (``broker/store``: memory or SQLite) writes down what it decided; the commit gate
 (``broker/commit.py``) groups the changes of one loop turn into one commit. A call here
-makes its engine calls at once and then waits, on the gate, for what
-``broker/egress.py`` says its result waits for: a change for its commit to be durable,
-a claim for its commit to be written (durable when it holds a last attempt). With the
-memory store nothing waits.
+makes its engine calls at once and its result is there when it returns (``Ready``); a
+frame made from it waits in the commit gate (the backend's ``gate``) for what
+``broker/egress.py`` says. With the memory store the gate is ``IMMEDIATE``.
 
 Time passes through the injected ``Scheduler``: one timer is kept set for the table's
-next event (``JobTable.next_event_at``), and when it fires the table is swept and the
-listeners are told that work of any queue may be waiting.
+next event (``JobTable.next_event_at``, looked at once per loop turn that changed the
+table), and when it fires the table is swept and the listeners are told that work of
+any queue may be waiting.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable, Sequence
 
 from ..commit import CommitGate
-from ..egress import IMMEDIATE, Gate, Out, Wait, wait_for
+from ..egress import IMMEDIATE, Gate
 from ..engine import (
     InvalidArgument,
     Job,
@@ -33,34 +33,19 @@ from ..engine import (
 )
 from ..scheduler import Handle, Scheduler
 from ..store import Store, StoreError
-from ._base import Claim, Claimed, Enqueue, Listener, Report
+from ._base import Backend, Claim, Claimed, Enqueue, Listener, Ready, Report
 
 __all__ = ["LocalBackend"]
 
 log = logging.getLogger("conveyor.backend")
 
 
-def _claimed(handle: JobHandle) -> Claimed:
-    return Claimed(
-        id=handle.id,
-        queue=handle.queue,
-        lease=handle.lease,
-        payload_json=handle.payload_json,
-        attempt=handle.attempt,
-        max_attempts=handle.max_attempts,
-        deadline=handle.deadline,
-        priority=handle.priority,
-        visibility_timeout_s=handle.visibility_timeout_s,
-        ready_since=handle.ready_since,
-    )
-
-
 class LocalBackend:
     """``Backend`` on the engine's table, kept by ``store`` (loaded here: raises
-    ``StoreError``). Make it, and call it, on the running event loop.
+    ``StoreError``). Make it, and call it, on the event loop (``scheduler``'s).
 
     ``scheduler``'s clock is the table's. ``on_failure`` is called once if the store
-    fails; every call waiting then raises ``StoreError``, and so does every later one.
+    fails; every later call raises ``StoreError`` then.
     """
 
     def __init__(
@@ -85,16 +70,24 @@ class LocalBackend:
             id_prefix=id_prefix,
         )
         self.failed: StoreError | None = None
-        self.gate: CommitGate | None = None
-        self._gate: Gate = IMMEDIATE
+        # Called before each commit (the server runs a dispatch pass due this loop turn,
+        # so that its claims ride that commit).
+        self.before_commit: Callable[[], None] = _nothing
+        self.commit_gate: CommitGate | None = None
+        self.gate: Gate = IMMEDIATE
         if store.durable:
-            self.gate = CommitGate(self.table, store, on_failure=self._fail)
-            self._gate = self.gate
-        self._waiting: set[asyncio.Future[None]] = set()
+            self.commit_gate = CommitGate(
+                self.table, store, before_flush=lambda: self.before_commit(), on_failure=self._fail
+            )
+            self.gate = self.commit_gate
+        self._settling: set[asyncio.Future[None]] = set()
         self._listeners: list[Listener] = []
         self._timer: Handle | None = None
         self._timer_at: float | None = None
+        self._rearm_soon = False
         self._closed = False
+        # A loaded table may hold timed events already (delays, leases): set the timer.
+        self._changed()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -110,35 +103,21 @@ class LocalBackend:
         if self._closed:
             raise StoreError("backend: closed")
 
+    def _changed(self) -> None:
+        """The table may have changed: commit it soon, and look at its next event once
+        this loop turn is over."""
+        self.gate.poke()
+        if not self._rearm_soon:
+            self._rearm_soon = True
+            self._scheduler.call_soon(self._rearm)
+
     def _fail(self, exc: StoreError) -> None:
         self.failed = exc
-        for future in self._waiting:
+        for future in self._settling:
             if not future.done():
                 future.set_exception(exc)
-        self._waiting.clear()
+        self._settling.clear()
         self._on_failure(exc)
-
-    async def _settled(self, out: Out) -> None:
-        """Return once what changed so far meets the wait of a frame of kind ``out``
-        (``broker/egress.py``); re-arm the timer for the table's next event."""
-        self._arm_timer()
-        wait = wait_for(out, subscribed=True)
-        if wait is Wait.NOTHING or self._gate is IMMEDIATE:
-            self._gate.poke()
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.add(future)
-
-        def release(_: bytes) -> None:
-            self._waiting.discard(future)
-            if not future.done():
-                future.set_result(None)
-
-        if wait is Wait.WRITTEN:
-            self._gate.hold_early(release, b"", _nothing)
-        else:
-            self._gate.hold(release, b"")
-        await future
 
     def _tell_work(self, queues: frozenset[str] | None) -> None:
         if queues is None or queues:
@@ -157,15 +136,22 @@ class LocalBackend:
 
     # -- time ------------------------------------------------------------------------------
 
+    def _rearm(self) -> None:
+        self._rearm_soon = False
+        if not self._closed:
+            self._arm_timer()
+
     def _arm_timer(self) -> None:
         at = self.table.next_event_at()
         if self._timer is not None and self._timer_at is not None:
             if at is not None and self._timer_at <= at:
-                return  # the timer set fires no later than needed; an early one re-arms
+                # The timer set fires no later than needed (the earliest lease end moves
+                # with every ack); an early wake only looks again and re-arms.
+                return
             self._timer.cancel()
             self._timer = None
         self._timer_at = at
-        if at is not None and not self._closed:
+        if at is not None:
             self._timer = self._scheduler.call_at(at, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -176,22 +162,21 @@ class LocalBackend:
         at = self.table.next_event_at()
         if at is not None and at <= self._scheduler.now():
             self.table.sweep_expired()
-            self._gate.poke()
+            self.gate.poke()
         self._arm_timer()
         # Which queues gained claimable jobs is not known without asking each one.
         self._tell_work(None)
 
     # -- the job table -----------------------------------------------------------------------
 
-    async def enqueue(self, jobs: Sequence[Enqueue]) -> list[str | InvalidArgument]:
+    def enqueue(self, jobs: Sequence[Enqueue]) -> Ready[list[str | Exception]]:
         self._check()
         table = self.table
-        results: list[str | InvalidArgument] = []
+        results: list[str | Exception] = []
         touched: set[str] = set()
-        for item in jobs:
-            job = item.job
+        for job in jobs:
             try:
-                job_id = table.queue(item.queue).enqueue(
+                job_id = table.queue(job.queue).enqueue(
                     job.payload,
                     priority=job.priority,
                     delay_s=job.delay_s,
@@ -205,47 +190,74 @@ class LocalBackend:
             except InvalidArgument as exc:
                 results.append(exc)
                 continue
+            except Exception as exc:  # our bug, not the caller's: this job only
+                log.exception("internal error enqueueing a job")
+                results.append(exc)
+                continue
             results.append(job_id)
-            touched.add(item.queue)
-        await self._settled(Out.REPLY)
-        self._tell_work(frozenset(touched))
-        return results
+            touched.add(job.queue)
+        if touched:
+            self._changed()
+            self._tell_work(frozenset(touched))
+        return Ready(results)
 
-    async def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
+    def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> Ready[list[str]]:
         self._check()
         ids = self.table.queue(queue).enqueue_batch(jobs)
-        await self._settled(Out.REPLY)
+        self._changed()
         self._tell_work(frozenset([queue]))
-        return ids
+        return Ready(ids)
 
-    async def claim(self, claims: Sequence[Claim]) -> list[list[Claimed]]:
+    def claim(
+        self, claims: Sequence[Claim], *, round_robin: bool = False
+    ) -> Ready[list[list[Claimed]]]:
         self._check()
         table = self.table
         known = set(table.queues())
-        results: list[list[Claimed]] = []
-        last = False
-        for claim in claims:
-            got: list[Claimed] = []
-            for name in claim.queues:
-                want = claim.n - len(got)
-                if want <= 0:
-                    break
-                if name not in known:
-                    continue
-                for handle in table.queue(name).claim_batch(claim.worker_id, want):
-                    got.append(_claimed(handle))
-                    last = last or handle.attempt >= handle.max_attempts
-            results.append(got)
-        await self._settled(Out.LAST_PUSH if last else Out.PUSH)
-        return results
+        results: list[list[Claimed]] = [[] for _ in claims]
+        if round_robin:
+            # One job each in turn; a claim that got nothing has nothing left to take.
+            open_ = [i for i, claim in enumerate(claims) if claim.n > 0]
+            while open_:
+                still = []
+                for i in open_:
+                    claim = claims[i]
+                    handle = self._claim_one(claim, known)
+                    if handle is None:
+                        continue
+                    got = results[i]
+                    got.append(handle)
+                    if len(got) < claim.n:
+                        still.append(i)
+                open_ = still
+        else:
+            for i, claim in enumerate(claims):
+                got = results[i]
+                for name in claim.queues:
+                    want = claim.n - len(got)
+                    if want <= 0:
+                        break
+                    if name in known:
+                        got.extend(table.queue(name).claim_batch(claim.worker_id, want))
+        self._changed()
+        return Ready(results)
 
-    async def ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def _claim_one(self, claim: Claim, known: set[str]) -> JobHandle | None:
+        table = self.table
+        for name in claim.queues:
+            if name in known:
+                handle = table.queue(name).claim_one(claim.worker_id)
+                if handle is not None:
+                    return handle
+        return None
+
+    def ack(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
         self._check()
         landed = self.table.ack_many(leases)
-        await self._settled(Out.REPLY)
-        return landed
+        self._changed()
+        return Ready(landed)
 
-    async def report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
+    def report(self, reports: Sequence[Report]) -> Ready[list[bool | InvalidArgument]]:
         self._check()
         table = self.table
         results: list[bool | InvalidArgument] = []
@@ -263,18 +275,18 @@ class LocalBackend:
                 results.append(exc)
                 continue
             results.append(landed)
-        await self._settled(Out.REPLY)
+        self._changed()
         self._tell_work(frozenset(requeued))
-        return results
+        return Ready(results)
 
-    async def heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def heartbeat(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
         self._check()
         table = self.table
         landed = [table.heartbeat(job_id, lease) for job_id, lease in leases]
-        await self._settled(Out.REPLY)
-        return landed
+        self._changed()
+        return Ready(landed)
 
-    async def lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    def lapse(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
         self._check()
         table = self.table
         landed: list[bool] = []
@@ -285,60 +297,68 @@ class LocalBackend:
             landed.append(ok)
             if ok and name is not None:
                 freed.add(name)
-        await self._settled(Out.REPLY)
+        self._changed()
         self._tell_work(frozenset(freed))
-        return landed
+        return Ready(landed)
 
-    async def reattach(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+    def reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> Ready[list[tuple[str, str]]]:
         self._check()
         table = self.table
-        ids: list[str] = []
+        held: list[tuple[str, str]] = []
         for job_id, lease in leases:
             job = table.get_job(job_id)
             if job is None or job.worker_id != worker_id:
                 continue
             if table.heartbeat(job_id, lease):
-                ids.append(job_id)
-        await self._settled(Out.REPLY)
-        return ids
+                held.append((job_id, lease))
+        self._changed()
+        return Ready(held)
 
-    async def held_leases(self) -> list[tuple[str, str, str]]:
+    def held_leases(self) -> Ready[list[tuple[str, str, str]]]:
         self._check()
-        return self.table.held_leases()
+        return Ready(self.table.held_leases())
 
-    async def cancel(self, ids: Sequence[str]) -> list[bool]:
+    def cancel(self, ids: Sequence[str]) -> Ready[list[bool]]:
         self._check()
         table = self.table
         done = [table.cancel(job_id) for job_id in ids]
-        await self._settled(Out.NOTICE)
+        self._changed()
         self._tell_cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
-        return done
+        return Ready(done)
 
-    async def get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
+    def get_jobs(self, ids: Sequence[str]) -> Ready[list[Job | None]]:
         self._check()
-        return [self.table.get_job(job_id) for job_id in ids]
+        table = self.table
+        return Ready([table.get_job(job_id) for job_id in ids])
 
-    async def set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
+    def set_queue(self, name: str, opts: QueueOpts | None = None) -> Ready[None]:
         self._check()
         self.table.queue(name, opts)
-        await self._settled(Out.REPLY)
+        self._changed()
+        return Ready(None)
 
-    async def queues(self) -> list[str]:
+    def queues(self) -> Ready[list[str]]:
         self._check()
-        return self.table.queues()
+        return Ready(self.table.queues())
 
-    async def pause(self, queue: str) -> None:
+    def pause(self, queue: str) -> Ready[None]:
         self._check()
         self.table.queue(queue).pause()
-        await self._settled(Out.REPLY)
+        self._changed()
+        return Ready(None)
 
-    async def resume(self, queue: str) -> None:
+    def resume(self, queue: str) -> Ready[bool]:
         self._check()
+        if queue not in self.table.queues():
+            return Ready(False)
         self.table.queue(queue).resume()
-        await self._settled(Out.REPLY)
+        self._changed()
         self._tell_work(frozenset([queue]))
+        return Ready(True)
 
-    async def redrive(self, ids: Sequence[str]) -> list[bool]:
+    def redrive(self, ids: Sequence[str]) -> Ready[list[bool]]:
         self._check()
         table = self.table
         done: list[bool] = []
@@ -349,38 +369,53 @@ class LocalBackend:
             name = table.queue_of(job_id) if ok else None
             if name is not None:
                 requeued.add(name)
-        await self._settled(Out.REPLY)
+        self._changed()
         self._tell_work(frozenset(requeued))
-        return done
+        return Ready(done)
 
-    async def purge_dead(self, queue: str) -> int:
+    def purge_dead(self, queue: str) -> Ready[int | None]:
         self._check()
         if queue not in self.table.queues():
-            return 0
+            return Ready(None)
         purged = self.table.queue(queue).purge_dead()
-        await self._settled(Out.REPLY)
-        return purged
+        self._changed()
+        return Ready(purged)
 
-    async def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> list[Job]:
+    def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> Ready[list[Job]]:
         self._check()
         if queue not in self.table.queues():
-            return []
-        return self.table.queue(queue).dead_jobs(offset, limit)
+            return Ready([])
+        return Ready(self.table.queue(queue).dead_jobs(offset, limit))
 
-    async def stats(self, queues: Sequence[str] | None = None) -> dict[str, QueueStats]:
+    def stats(self, queues: Sequence[str] | None = None) -> Ready[dict[str, QueueStats]]:
         self._check()
         table = self.table
         names = table.queues()
         if queues is not None:
             known = set(names)
             names = [name for name in queues if name in known]
-        return {name: table.queue(name).stats() for name in names}
+        return Ready({name: table.queue(name).stats() for name in names})
 
-    async def sweep(self) -> SweepResult:
+    def sweep(self) -> Ready[SweepResult]:
         self._check()
         result = self.table.sweep_expired()
-        await self._settled(Out.REPLY)
-        return result
+        self._changed()
+        return Ready(result)
+
+    async def settle(self) -> None:
+        self._check()
+        if self.commit_gate is None:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._settling.add(future)
+
+        def release(_: bytes) -> None:
+            self._settling.discard(future)
+            if not future.done():
+                future.set_result(None)
+
+        self.commit_gate.hold(release, b"")
+        await future
 
     async def close(self) -> None:
         if self._closed:
@@ -390,11 +425,15 @@ class LocalBackend:
             self._timer.cancel()
             self._timer = None
         try:
-            if self.gate is not None and self.failed is None:
-                await self.gate.drain()
+            if self.commit_gate is not None and self.failed is None:
+                await self.commit_gate.drain()
         finally:
             self.store.close()
 
 
 def _nothing() -> None:
     pass
+
+
+def _is_a_backend(backend: LocalBackend) -> Backend:
+    return backend  # (for the type checker: LocalBackend implements Backend)

@@ -1,8 +1,9 @@
 """The PostgreSQL backend: the job table in a database server, shared by brokers.
 
-Every call is one transaction on this backend's connection, committed before the call
-returns (so a change is durable, and a claim written, when its call returns). Calls of
-one backend run one at a time; brokers on one database change the table side by side,
+Every call is one transaction on this backend's connection, run as a task: its result
+(the task) is there once the transaction committed, so a frame made from it waits for
+nothing more (the gate is ``IMMEDIATE``). Calls of one backend run one at a time, in
+call order; brokers on one database change the table side by side,
 claims made safe by ``FOR UPDATE SKIP LOCKED`` (CLM-8) and keys by a unique index
 (ENQ-10). The schema and the claim function are in ``_pg_schema``.
 
@@ -28,11 +29,13 @@ import contextlib
 import logging
 import random
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
 
+from ..egress import IMMEDIATE, Gate
 from ..engine import (
     InvalidArgument,
     Job,
@@ -259,6 +262,22 @@ def _error(exc: BaseException) -> StoreError:
     return StoreError(f"postgres: {type(exc).__name__}: {exc}".rstrip())
 
 
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """One job a claim handed out (``Claimed``)."""
+
+    id: str
+    queue: str
+    lease: str
+    payload_json: bytes
+    attempt: int
+    max_attempts: int
+    deadline: float
+    priority: int
+    visibility_timeout_s: float
+    ready_since: float
+
+
 class PostgresBackend:
     """``Backend`` on a PostgreSQL database. Make it with ``await PostgresBackend.open``
     on the running event loop; call it there.
@@ -270,6 +289,9 @@ class PostgresBackend:
 
     name = "postgres"
     durable = True
+    # A result comes once its transaction committed: a frame made from it waits for
+    # nothing more.
+    gate: Gate = IMMEDIATE
 
     def __init__(
         self,
@@ -305,6 +327,7 @@ class PostgresBackend:
         self._hearing: Conn | None = None
         self._heard: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
+        self._last: asyncio.Task[Any] | None = None
 
     @classmethod
     async def open(
@@ -563,6 +586,92 @@ class PostgresBackend:
         )
         return {row[0] for row in await cur.fetchall()}
 
+    # -- the interface: each call runs in call order, its result a task --------------
+
+    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task; tasks take the connection in the order they were made
+        (each one's first wait is for the lock), so calls take effect in call order."""
+        try:
+            self._check()
+        except StoreError:
+            work.close()
+            raise
+        task = asyncio.get_running_loop().create_task(work)
+        self._last = task
+        return task
+
+    def enqueue(self, jobs: Sequence[Enqueue]) -> asyncio.Task[list[str | Exception]]:
+        return self._spawn(self._enqueue(jobs))
+
+    def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Task[list[str]]:
+        return self._spawn(self._enqueue_all(queue, jobs))
+
+    def claim(
+        self, claims: Sequence[Claim], *, round_robin: bool = False
+    ) -> asyncio.Task[list[list[Claimed]]]:
+        return self._spawn(self._claim(claims, round_robin))
+
+    def ack(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._ack(leases))
+
+    def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
+        return self._spawn(self._report(reports))
+
+    def heartbeat(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._heartbeat(leases))
+
+    def lapse(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._lapse(leases))
+
+    def reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> asyncio.Task[list[tuple[str, str]]]:
+        return self._spawn(self._reattach(worker_id, leases))
+
+    def held_leases(self) -> asyncio.Task[list[tuple[str, str, str]]]:
+        return self._spawn(self._held_leases())
+
+    def cancel(self, ids: Sequence[str]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._cancel(ids))
+
+    def get_jobs(self, ids: Sequence[str]) -> asyncio.Task[list[Job | None]]:
+        return self._spawn(self._get_jobs(ids))
+
+    def set_queue(self, name: str, opts: QueueOpts | None = None) -> asyncio.Task[None]:
+        return self._spawn(self._set_queue(name, opts))
+
+    def queues(self) -> asyncio.Task[list[str]]:
+        return self._spawn(self._queues_made())
+
+    def pause(self, queue: str) -> asyncio.Task[None]:
+        return self._spawn(self._pause(queue))
+
+    def resume(self, queue: str) -> asyncio.Task[bool]:
+        return self._spawn(self._resume(queue))
+
+    def redrive(self, ids: Sequence[str]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._redrive(ids))
+
+    def purge_dead(self, queue: str) -> asyncio.Task[int | None]:
+        return self._spawn(self._purge_dead(queue))
+
+    def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> asyncio.Task[list[Job]]:
+        return self._spawn(self._dead_jobs(queue, offset, limit))
+
+    def stats(self, queues: Sequence[str] | None = None) -> asyncio.Task[dict[str, QueueStats]]:
+        return self._spawn(self._stats(queues))
+
+    def sweep(self) -> asyncio.Task[SweepResult]:
+        return self._spawn(self._sweep())
+
+    async def settle(self) -> None:
+        """Every call made so far has committed (each commits before its result)."""
+        last = self._last
+        if last is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(last)
+        self._check()
+
     # -- the job table -----------------------------------------------------------------------
 
     async def _insert(
@@ -641,7 +750,7 @@ class PostgresBackend:
         return out
 
     def _resolve(
-        self, name: str, opts: QueueOpts, job: NewJob
+        self, name: str, opts: QueueOpts, job: NewJob | Enqueue
     ) -> tuple[str, tuple[Any, ...], float]:
         """The engine's check and resolution of one job's options against its queue's
         (ENQ-2 to ENQ-9), and the queue's ``backoff_max_s``."""
@@ -659,8 +768,8 @@ class PostgresBackend:
         )
         return name, resolved, opts.backoff_max_s
 
-    async def enqueue(self, jobs: Sequence[Enqueue]) -> list[str | InvalidArgument]:
-        results: list[str | InvalidArgument | None] = [None] * len(jobs)
+    async def _enqueue(self, jobs: Sequence[Enqueue]) -> list[str | Exception]:
+        results: list[str | Exception | None] = [None] * len(jobs)
         names: list[str] = []
         for index, item in enumerate(jobs):
             try:
@@ -677,7 +786,7 @@ class PostgresBackend:
                     if results[index] is not None:
                         continue
                     try:
-                        resolved.append(self._resolve(item.queue, opts[item.queue], item.job))
+                        resolved.append(self._resolve(item.queue, opts[item.queue], item))
                     except InvalidArgument as exc:
                         results[index] = exc
                         continue
@@ -687,7 +796,7 @@ class PostgresBackend:
                 results[index] = job_id
 
         await self._call(work, changes=True)
-        out: list[str | InvalidArgument] = []
+        out: list[str | Exception] = []
         touched: set[str] = set()
         for item, result in zip(jobs, results, strict=True):
             assert result is not None
@@ -697,7 +806,7 @@ class PostgresBackend:
         self._tell_work(frozenset(touched))
         return out
 
-    async def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
+    async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
         guard.queue_name(queue)
         refused: list[InvalidArgument] = []
 
@@ -722,37 +831,51 @@ class PostgresBackend:
         self._tell_work(frozenset([queue]))
         return ids
 
-    async def claim(self, claims: Sequence[Claim]) -> list[list[Claimed]]:
+    async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:
         refused: list[InvalidArgument] = []
 
+        async def one(claim: Claim, n: int, now: float) -> list[Claimed]:
+            cur = await self._conn.execute(
+                "SELECT * FROM conveyor_claim(%s, %s::text[], %s, %s, %s)",
+                (claim.worker_id, list(claim.queues), min(n, _N_MAX), now, self.id_prefix),
+            )
+            return [self._claimed(row) for row in await cur.fetchall()]
+
+        async def refuses(claim: Claim, problem: InvalidArgument | None) -> bool:
+            # The engine's guards (CLM-9) run where the local backend reaches a queue's
+            # claim: at the first of the claim's queues that exists.
+            if problem is None or not await self._known(claim.queues):
+                return False
+            refused.append(problem)
+            return True
+
         async def work(now: float) -> list[list[Claimed]]:
-            conn = self._conn
-            results: list[list[Claimed]] = []
-            async with conn.transaction():
-                for claim in claims:
+            results: list[list[Claimed]] = [[] for _ in claims]
+            async with self._conn.transaction():
+                if round_robin:
+                    # One job each in turn; a claim that got nothing has nothing left.
+                    open_ = [i for i, claim in enumerate(claims) if claim.n > 0]
+                    while open_:
+                        still = []
+                        for i in open_:
+                            claim = claims[i]
+                            if not claim.queues:
+                                continue
+                            if await refuses(claim, _worker_problem(claim)):
+                                return results  # the claims before stand, as in the engine
+                            got = await one(claim, 1, now)
+                            if got:
+                                results[i].extend(got)
+                                if len(results[i]) < claim.n:
+                                    still.append(i)
+                        open_ = still
+                    return results
+                for i, claim in enumerate(claims):
                     if not claim.queues or claim.n <= 0:
-                        results.append([])  # meets no row (CLM-1)
-                        continue
-                    problem = _claim_problem(claim)
-                    if problem is not None:
-                        # The engine's guards (CLM-9) run where the local backend reaches
-                        # a queue's claim: at the first of the claim's queues that exists.
-                        if await self._known(claim.queues):
-                            refused.append(problem)
-                            break  # the claims before it stand, as in the engine
-                        results.append([])
-                        continue
-                    cur = await conn.execute(
-                        "SELECT * FROM conveyor_claim(%s, %s::text[], %s, %s, %s)",
-                        (
-                            claim.worker_id,
-                            list(claim.queues),
-                            min(claim.n, _N_MAX),
-                            now,
-                            self.id_prefix,
-                        ),
-                    )
-                    results.append([self._claimed(row) for row in await cur.fetchall()])
+                        continue  # meets no row (CLM-1)
+                    if await refuses(claim, _claim_problem(claim)):
+                        break  # the claims before it stand, as in the engine
+                    results[i] = await one(claim, claim.n, now)
             return results
 
         results = await self._call(work, changes=True)
@@ -775,7 +898,7 @@ class PostgresBackend:
             ready_at,
             enqueued_at,
         ) = row
-        return Claimed(
+        return _Claimed(
             id=self._id(seq),
             queue=queue,
             lease=lease,
@@ -817,7 +940,7 @@ class PostgresBackend:
         hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
         return [(job_id, lease) in hit for job_id, lease in leases], set(hit.values())
 
-    async def ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    async def _ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
         seqs, tokens = self._lease_batch(leases)
 
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -829,7 +952,7 @@ class PostgresBackend:
         rows = await self._call(work, changes=True)
         return _once({(self._id(row[0]), row[1]) for row in rows}, leases)
 
-    async def report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
+    async def _report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
         checked: list[tuple[Report, float | None, str | None] | InvalidArgument] = []
         for item in reports:
             try:
@@ -907,22 +1030,24 @@ class PostgresBackend:
         self._tell_work(frozenset(requeued))
         return results
 
-    async def heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
         landed, _ = await self._by_lease(_HEARTBEAT, leases)
         return landed
 
-    async def lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    async def _lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
         landed, freed = await self._by_lease(_LAPSE, leases)
         # A second lapse of one lease finds it lapsed already (HND-1): the first lands.
         landed = _first(landed, leases)
         self._tell_work(frozenset(freed))
         return landed
 
-    async def reattach(self, worker_id: str, leases: Sequence[tuple[str, str]]) -> list[str]:
+    async def _reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
         landed, _ = await self._by_lease(_HEARTBEAT, leases, worker=worker_id)
-        return [job_id for (job_id, _), ok in zip(leases, landed, strict=True) if ok]
+        return [pair for pair, ok in zip(leases, landed, strict=True) if ok]
 
-    async def held_leases(self) -> list[tuple[str, str, str]]:
+    async def _held_leases(self) -> list[tuple[str, str, str]]:
         async def work(now: float) -> list[tuple[Any, ...]]:
             cur = await self._conn.execute(
                 "SELECT seq, lease, worker_id FROM conveyor_jobs "
@@ -934,7 +1059,7 @@ class PostgresBackend:
         rows = await self._call(work, changes=False)
         return [(self._id(seq), lease, worker) for seq, lease, worker in rows]
 
-    async def cancel(self, ids: Sequence[str]) -> list[bool]:
+    async def _cancel(self, ids: Sequence[str]) -> list[bool]:
         seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
 
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -948,7 +1073,7 @@ class PostgresBackend:
         self._tell_cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return done
 
-    async def get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
+    async def _get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
         seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
 
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -1007,7 +1132,7 @@ class PostgresBackend:
             seq=seq,
         )
 
-    async def set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
+    async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
         guard.queue_name(name)
         checked = None if opts is None else guard.check_opts(opts)
 
@@ -1032,37 +1157,40 @@ class PostgresBackend:
 
         await self._call(work, changes=True)
 
-    async def queues(self) -> list[str]:
+    async def _queues_made(self) -> list[str]:
         async def work(now: float) -> list[str]:
             cur = await self._conn.execute("SELECT name FROM conveyor_queues ORDER BY made")
             return [row[0] for row in await cur.fetchall()]
 
         return await self._call(work, changes=False)
 
-    async def _set_paused(self, queue: str, paused: bool) -> None:
+    async def _pause(self, queue: str) -> None:
         guard.queue_name(queue)
 
         async def work(now: float) -> None:
             async with self._conn.transaction():
                 await self._queues([queue])
                 await self._conn.execute(
-                    "UPDATE conveyor_queues SET paused = %s WHERE name = %s", (paused, queue)
+                    "UPDATE conveyor_queues SET paused = true WHERE name = %s", (queue,)
                 )
-                if not paused:
-                    await self._conn.execute(
-                        "SELECT pg_notify('conveyor', 'w:' || %s::text)", (queue,)
-                    )
 
         await self._call(work, changes=True)
 
-    async def pause(self, queue: str) -> None:
-        await self._set_paused(queue, True)
+    async def _resume(self, queue: str) -> bool:
+        async def work(now: float) -> bool:
+            cur = await self._conn.execute(
+                "WITH r AS (UPDATE conveyor_queues SET paused = false WHERE name = %s "
+                "RETURNING name) SELECT name, pg_notify('conveyor', 'w:' || name) FROM r",
+                (queue,),
+            )
+            return bool(await cur.fetchall())
 
-    async def resume(self, queue: str) -> None:
-        await self._set_paused(queue, False)
-        self._tell_work(frozenset([queue]))
+        resumed = await self._call(work, changes=True)
+        if resumed:
+            self._tell_work(frozenset([queue]))
+        return resumed
 
-    async def redrive(self, ids: Sequence[str]) -> list[bool]:
+    async def _redrive(self, ids: Sequence[str]) -> list[bool]:
         seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
 
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -1076,8 +1204,10 @@ class PostgresBackend:
         self._tell_work(frozenset(row[1] for row in rows))
         return done
 
-    async def purge_dead(self, queue: str) -> int:
-        async def work(now: float) -> int:
+    async def _purge_dead(self, queue: str) -> int | None:
+        async def work(now: float) -> int | None:
+            if not await self._known([queue]):
+                return None
             cur = await self._conn.execute(
                 "WITH d AS (DELETE FROM conveyor_jobs WHERE queue = %s AND state = 'dead' "
                 "RETURNING 1) SELECT count(*) FROM d",
@@ -1088,7 +1218,7 @@ class PostgresBackend:
 
         return await self._call(work, changes=True)
 
-    async def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> list[Job]:
+    async def _dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> list[Job]:
         async def work(now: float) -> list[Job]:
             conn = self._conn
             if not await self._known([queue]):
@@ -1105,7 +1235,7 @@ class PostgresBackend:
 
         return await self._call(work, changes=False)
 
-    async def stats(self, queues: Sequence[str] | None = None) -> dict[str, QueueStats]:
+    async def _stats(self, queues: Sequence[str] | None = None) -> dict[str, QueueStats]:
         names = None if queues is None else [name for name in queues if isinstance(name, str)]
 
         async def work(now: float) -> dict[str, QueueStats]:
@@ -1133,7 +1263,7 @@ class PostgresBackend:
 
         return await self._call(work, changes=False)
 
-    async def sweep(self) -> SweepResult:
+    async def _sweep(self) -> SweepResult:
         return await self._call(self._sweep_at, changes=True)
 
     async def close(self) -> None:
@@ -1167,12 +1297,19 @@ async def backend_close(conn: Conn) -> None:
         await conn.close()
 
 
-def _claim_problem(claim: Claim) -> InvalidArgument | None:
-    """What the engine's claim guards say of ``claim`` (CLM-9: the worker id first)."""
+def _worker_problem(claim: Claim) -> InvalidArgument | None:
     try:
         guard.worker_id(claim.worker_id)
     except InvalidArgument as exc:
         return exc
+    return None
+
+
+def _claim_problem(claim: Claim) -> InvalidArgument | None:
+    """What the engine's claim guards say of ``claim`` (CLM-9: the worker id first)."""
+    problem = _worker_problem(claim)
+    if problem is not None:
+        return problem
     if isinstance(claim.n, bool) or not isinstance(claim.n, int):
         return InvalidArgument("n", f"must be an int, got {type(claim.n).__name__}")
     return None

@@ -12,6 +12,7 @@ A backend is done when this suite is green on it: add it to ``KINDS``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +24,8 @@ import pytest
 
 from broker.backend import Backend, Claim, Claimed, Enqueue, LocalBackend
 from broker.backend.postgres import PostgresBackend
-from broker.engine import Job, NewJob
+from broker.egress import Out, Wait, wait_for
+from broker.engine import Job
 from broker.scheduler import SteppedScheduler
 from broker.store import MemoryStore, SqliteStore, Store
 from tests.store_files import copy_store
@@ -73,7 +75,7 @@ class Rig:
 
     async def put(self, queue: str = "q", payload: object = None, **opts: Any) -> str:
         """Enqueue one job; its id (the test fails if it was refused)."""
-        (result,) = await self.backend.enqueue([Enqueue(queue, NewJob(payload, **opts))])
+        (result,) = await self.backend.enqueue([Enqueue(queue, payload, **opts)])
         assert isinstance(result, str), result
         return result
 
@@ -88,8 +90,28 @@ class Rig:
         (job,) = await self.backend.get_jobs([job_id])
         return job
 
-    def advance(self, seconds: float) -> None:
-        """Move the backend's clock on; its timers due on the way fire."""
+    async def through_gate(self, out: Out) -> None:
+        """Return once a frame of kind ``out``, made now, would leave the backend's gate
+        (``broker/egress.py``): what a peer is told only after that has to be so."""
+        wait = wait_for(out, subscribed=True)
+        if wait is Wait.NOTHING:
+            return
+        released = asyncio.get_running_loop().create_future()
+
+        def deliver(_: bytes) -> None:
+            if not released.done():
+                released.set_result(None)
+
+        if wait is Wait.WRITTEN:
+            self.backend.gate.hold_early(deliver, b"", lambda: None)
+        else:
+            self.backend.gate.hold(deliver, b"")
+        await asyncio.wait_for(released, 10)
+
+    async def advance(self, seconds: float) -> None:
+        """Move the backend's clock on; its timers due on the way fire. (First the loop
+        runs what is due this turn: the backend sets its timer once a turn is over.)"""
+        await asyncio.sleep(0)
         self.clock.advance(seconds)
 
     async def reopen(self, clock: SteppedScheduler) -> Backend:

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.backend import Backend, Claim, Enqueue, Report
-from broker.engine import InvalidArgument, Job, NewJob
+from broker.engine import InvalidArgument, Job
 from broker.scheduler import SteppedScheduler
 
 from .conftest import DURABLE_KINDS, KINDS, START, make_backend, open_kept
@@ -97,9 +97,9 @@ class Run:
         op = call[0]
         if op == "put":
             _, queue, priority, delay, attempts, key, expires = call
-            job = NewJob(None, priority=priority, delay_s=delay, max_attempts=attempts, key=key,
-                         expires_s=expires)  # fmt: skip
-            (result,) = await b.enqueue([Enqueue(queue, job)])
+            job = Enqueue(queue, None, priority=priority, delay_s=delay, max_attempts=attempts,
+                          key=key, expires_s=expires)  # fmt: skip
+            (result,) = await b.enqueue([job])
             if isinstance(result, InvalidArgument):
                 return ("refused", result.field)
             if result not in self.ids:
@@ -145,6 +145,7 @@ class Run:
             held = await b.held_leases()
             return sorted((self.name(i), self.name(lease), w) for i, lease, w in held)
         assert op == "advance"
+        await asyncio.sleep(0)  # (the backend sets its timer once the loop turn is over)
         self.clock.advance(call[1])
         return None
 

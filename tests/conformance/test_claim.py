@@ -19,7 +19,7 @@ async def test_a_claim_hands_out_at_most_n_clm_1(rig: Rig) -> None:
 
 async def test_a_claim_sets_the_lease_the_attempt_and_the_deadline_clm_7(rig: Rig) -> None:
     job_id = await rig.put(payload={"x": 1}, priority=2, visibility_timeout_s=30.0)
-    rig.advance(5)
+    await rig.advance(5)
     (claimed,) = await rig.take(worker="w-1")
     assert claimed.id == job_id and claimed.queue == "q"
     assert claimed.attempt == 1 and claimed.max_attempts == 3
@@ -38,7 +38,7 @@ async def test_order_is_priority_then_ready_time_then_seq_clm_6(rig: Rig) -> Non
     high_late = await rig.put(priority=9, delay_s=10)
     high = await rig.put(priority=9)
     low_2 = await rig.put(priority=0)
-    rig.advance(10)
+    await rig.advance(10)
     got = [c.id for c in await rig.take(n=4)]
     assert got == [high, high_late, low, low_2]
 
@@ -76,13 +76,13 @@ async def test_a_lapsed_lease_is_reclaimed_and_the_reclaim_costs_an_attempt_clm_
 ) -> None:
     job_id = await rig.put(visibility_timeout_s=10.0, max_attempts=2)
     (first,) = await rig.take(worker="a")
-    rig.advance(9.9)
+    await rig.advance(9.9)
     assert await rig.take(worker="b") == []  # still valid
-    rig.advance(0.1)  # now == deadline: lapsed (HND-1)
+    await rig.advance(0.1)  # now == deadline: lapsed (HND-1)
     (second,) = await rig.take(worker="b")
     assert second.id == job_id and second.attempt == 2 and second.lease != first.lease
     assert await rig.backend.ack([(job_id, first.lease)]) == [False]
-    rig.advance(10)
+    await rig.advance(10)
     assert await rig.take(worker="c") == []  # used up: it dies instead
     job = await rig.job(job_id)
     assert job is not None and job.state is JobState.DEAD
@@ -91,7 +91,7 @@ async def test_a_lapsed_lease_is_reclaimed_and_the_reclaim_costs_an_attempt_clm_
 
 async def test_an_expired_job_is_never_handed_out_clm_4(rig: Rig) -> None:
     job_id = await rig.put(expires_s=5.0)
-    rig.advance(5)
+    await rig.advance(5)
     assert await rig.take() == []
     job = await rig.job(job_id)
     assert job is not None and job.state is JobState.DEAD and job.last_error == "expired"
@@ -103,8 +103,10 @@ async def test_a_claim_skips_a_paused_queue_and_resume_hands_out_again_ops_4(rig
     assert await rig.take() == []
     assert (await rig.backend.stats(["q"]))["q"].paused
     rig.heard.forget()
-    await rig.backend.resume("q")
+    assert await rig.backend.resume("q") is True
     assert rig.heard.told_work("q")
+    assert await rig.backend.resume("nowhere") is False  # no such queue (none made)
+    assert "nowhere" not in await rig.backend.queues()
     assert [c.id for c in await rig.take()] == [job_id]
 
 
@@ -112,9 +114,9 @@ async def test_a_delayed_job_waits_for_its_time_and_the_listener_hears_of_it(rig
     job_id = await rig.put(delay_s=60.0)
     assert await rig.take() == []
     rig.heard.forget()
-    rig.advance(59)
+    await rig.advance(59)
     assert not rig.heard.work  # nothing is due yet: the timer has not fired
-    rig.advance(1)
+    await rig.advance(1)
     assert rig.heard.told_work("q")  # the backend's timer, on the manual clock
     assert [c.id for c in await rig.take()] == [job_id]
 
@@ -123,4 +125,22 @@ async def test_a_claim_reports_the_last_attempt(rig: Rig) -> None:
     await rig.backend.set_queue("q", QueueOpts(max_attempts=1))
     await rig.put()
     (claimed,) = await rig.take()
-    assert claimed.last_attempt
+    assert claimed.attempt == claimed.max_attempts == 1  # its last
+
+
+async def test_round_robin_claims_take_one_job_each_in_turn(rig: Rig) -> None:
+    ids = [await rig.put() for _ in range(5)]
+    got = await rig.backend.claim(
+        [Claim("a", ("q",), 3), Claim("b", ("q",), 1), Claim("c", ("q",), 3)], round_robin=True
+    )
+    assert [[c.id for c in g] for g in got] == [[ids[0], ids[3]], [ids[1]], [ids[2], ids[4]]]
+
+
+async def test_round_robin_claims_keep_each_workers_queue_order(rig: Rig) -> None:
+    a1 = await rig.put("a")
+    b1 = await rig.put("b")
+    b2 = await rig.put("b")
+    got = await rig.backend.claim(
+        [Claim("x", ("b", "a"), 2), Claim("y", ("a", "b"), 2)], round_robin=True
+    )
+    assert [[c.id for c in g] for g in got] == [[b1, b2], [a1]]

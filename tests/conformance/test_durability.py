@@ -1,14 +1,17 @@
-"""When the backend's calls return, and what a restart finds (the backend interface's
-promise: a change is durable when its call returns, a claim at least written).
+"""What a frame made from a result may promise, and what a restart finds.
 
-Each check runs on every durable backend (``durable``) and reads what a broker started
-right after the call returned would find (``Rig.on_disk``): a copy of SQLite's files,
-loaded; PostgreSQL's database, read by a second backend. (The memory backend keeps
-nothing between runs and promises nothing of the kind.)
+The backend interface's promise: a reply made from a call's result leaves the backend's
+gate only once the change is durable; a push made from a claim's, once the claim is
+written. Each check runs on every durable backend (``durable``) and reads, right when that frame
+would leave, what a broker killed at that moment would find at its next start
+(``Rig.on_disk``): a copy of SQLite's files, loaded; PostgreSQL's database, read by a
+second backend. (The memory backend keeps nothing between runs and promises nothing of
+the kind.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -16,16 +19,20 @@ from pathlib import Path
 import pytest
 
 from broker.backend import Claim, Enqueue, LocalBackend, Report
-from broker.engine import Changes, JobState, NewJob
+from broker.egress import Out
+from broker.engine import Changes, JobState
 from broker.scheduler import SteppedScheduler
 from broker.store import SqliteStore, StoreError
 
-from .conftest import START, Rig
+from .conftest import START, Heard, Rig
+
+EPS = 1e-3
 
 
 async def test_an_answered_enqueue_is_on_disk(durable: Rig) -> None:
-    (job_id,) = await durable.backend.enqueue([Enqueue("q", NewJob({"a": 1}, key="k"))])
+    (job_id,) = await durable.backend.enqueue([Enqueue("q", {"a": 1}, key="k")])
     assert isinstance(job_id, str)
+    await durable.through_gate(Out.REPLY)
     job = await durable.on_disk_job(job_id)
     assert job is not None and job.payload == {"a": 1} and job.key == "k"
 
@@ -33,6 +40,7 @@ async def test_an_answered_enqueue_is_on_disk(durable: Rig) -> None:
 async def test_a_claim_is_written_before_it_is_handed_back(durable: Rig) -> None:
     ids = [await durable.put() for _ in range(3)]
     (got,) = await durable.backend.claim([Claim("w", ("q",), 3)])
+    await durable.through_gate(Out.PUSH)
     for job in await durable.on_disk([c.id for c in got]):
         assert job is not None and job.state is JobState.PROCESSING
         assert job.worker_id == "w" and job.attempts == 1
@@ -48,6 +56,7 @@ async def test_acks_reports_and_cancels_are_on_disk(durable: Rig) -> None:
         [Report(b.id, b.lease, retry=True, delay_s=9.0), Report(c.id, c.lease, retry=False)]
     )
     await durable.backend.cancel([d.id])
+    await durable.through_gate(Out.REPLY)
     acked, retried, dead, cancelled = await durable.on_disk([a.id, b.id, c.id, d.id])
     assert acked is None
     assert retried is not None and retried.state is JobState.PENDING
@@ -66,9 +75,18 @@ async def test_a_reopened_backend_finds_the_table_and_its_leases(durable: Rig) -
     await durable.backend.close()
     clock = SteppedScheduler(start=START + 1)
     again = await durable.reopen(clock)
+    heard = Heard()
+    again.listen(heard)
     try:
+        # Its timer is set from the start, before any call: the delayed job is announced
+        # at its time.
+        await asyncio.sleep(0)
+        clock.advance(29 - EPS)
+        assert not heard.work
+        clock.advance(EPS)
+        assert heard.told_work("q")
         assert await again.held_leases() == [(held, claimed.lease, "w")]
-        assert await again.reattach("w", [(held, claimed.lease)]) == [held]
+        assert await again.reattach("w", [(held, claimed.lease)]) == [(held, claimed.lease)]
         job = (await again.get_jobs([waiting]))[0]
         assert job is not None and job.ready_at == START + 30.0
         assert (await again.stats(["p"]))["p"].paused
@@ -99,11 +117,12 @@ async def test_a_failed_store_fails_the_call_and_every_later_one(tmp_path: Path)
         on_failure=failures.append,
     )
     try:
-        (ok,) = await backend.enqueue([Enqueue("q", NewJob(1))])
+        (ok,) = await backend.enqueue([Enqueue("q", 1)])
         assert isinstance(ok, str)
         store.broken = True
+        await backend.enqueue([Enqueue("q", 2)])  # decided, not yet written
         with pytest.raises(StoreError, match="disk is full"):
-            await backend.enqueue([Enqueue("q", NewJob(2))])
+            await backend.settle()  # the commit failed: it never will be
         assert len(failures) == 1
         with pytest.raises(StoreError):
             await backend.get_jobs([ok])

@@ -63,11 +63,11 @@ async def test_expiry_is_relative_to_the_enqueue_enq_6(rig: Rig) -> None:
 async def test_each_job_stands_alone_its_error_names_the_field(rig: Rig) -> None:
     results = await rig.backend.enqueue(
         [
-            Enqueue("q", NewJob(1)),
-            Enqueue("q", NewJob(2, priority=True)),  # ENQ-8: a bool is no number
-            Enqueue("bad name!", NewJob(3)),
-            Enqueue("q", NewJob(4, delay_s=-1.0)),
-            Enqueue("q", NewJob(5)),
+            Enqueue("q", 1),
+            Enqueue("q", 2, priority=True),  # ENQ-8: a bool is no number
+            Enqueue("bad name!", 3),
+            Enqueue("q", 4, delay_s=-1.0),
+            Enqueue("q", 5),
         ]
     )
     assert isinstance(results[0], str) and isinstance(results[4], str)

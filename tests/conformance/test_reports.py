@@ -25,7 +25,7 @@ async def test_a_wrong_or_lapsed_lease_lands_nothing_and_raises_nothing_hnd_1_2(
     job_id = await rig.put(visibility_timeout_s=10.0)
     (c,) = await rig.take()
     assert await rig.backend.ack([(c.id, "not-the-lease"), ("nope", c.lease)]) == [False, False]
-    rig.advance(10)  # at the deadline the lease has lapsed
+    await rig.advance(10)  # at the deadline the lease has lapsed
     assert await rig.backend.ack([(c.id, c.lease)]) == [False]
     assert await rig.backend.heartbeat([(c.id, c.lease)]) == [False]
     assert await rig.backend.report([Report(c.id, c.lease, retry=True)]) == [False]
@@ -68,7 +68,7 @@ async def test_retry_with_a_delay_puts_the_job_back_hnd_6(rig: Rig) -> None:
     assert job.state is JobState.PENDING and job.last_error == "boom"
     assert job.ready_at == START + 20.0 and job.worker_id is None and job.deadline is None
     assert await rig.take() == []
-    rig.advance(20)
+    await rig.advance(20)
     (again,) = await rig.take()
     assert again.attempt == 2
 
@@ -103,11 +103,11 @@ async def test_fail_kills_at_once_hnd_7_dlq_1(rig: Rig) -> None:
 async def test_a_heartbeat_resets_the_deadline_from_now_hnd_8(rig: Rig) -> None:
     await rig.put(visibility_timeout_s=10.0)
     (c,) = await rig.take()
-    rig.advance(6)
+    await rig.advance(6)
     assert await rig.backend.heartbeat([(c.id, c.lease)]) == [True]
     job = await rig.job(c.id)
     assert job is not None and job.deadline == START + 6 + 10.0
-    rig.advance(9)
+    await rig.advance(9)
     assert await rig.backend.ack([(c.id, c.lease)]) == [True]  # past the first deadline
 
 
@@ -125,9 +125,9 @@ async def test_reattach_keeps_the_jobs_its_worker_still_holds(rig: Rig) -> None:
     await rig.put(visibility_timeout_s=10.0)
     await rig.put(visibility_timeout_s=10.0)
     a, b = await rig.take(n=2, worker="w")
-    rig.advance(5)
+    await rig.advance(5)
     assert await rig.backend.reattach("someone-else", [(a.id, a.lease)]) == []
-    assert await rig.backend.reattach("w", [(a.id, a.lease), (b.id, "stale")]) == [a.id]
+    assert await rig.backend.reattach("w", [(a.id, a.lease), (b.id, "stale")]) == [(a.id, a.lease)]
     job = await rig.job(a.id)
     assert job is not None and job.deadline == START + 5 + 10.0  # reattaching heartbeats
 
@@ -139,7 +139,7 @@ async def test_held_leases_lists_every_valid_lease(rig: Rig) -> None:
     assert sorted(await rig.backend.held_leases()) == sorted(
         [(short.id, short.lease, "w"), (long.id, long.lease, "w")]
     )
-    rig.advance(10)
+    await rig.advance(10)
     assert await rig.backend.held_leases() == [(long.id, long.lease, "w")]
 
 
@@ -151,3 +151,14 @@ async def test_acks_in_one_call_each_land_on_their_own_hnd_10(rig: Rig, n: int) 
     leases = [(c.id, c.lease) for c in claimed]
     assert await rig.backend.ack([*leases, ("x", "y")]) == [True] * n + [False]
     assert (await rig.backend.stats(["q"]))["q"].processing == 0
+
+
+async def test_reattach_names_the_lease_that_holds_not_a_stale_one_of_the_same_job(
+    rig: Rig,
+) -> None:
+    await rig.put(visibility_timeout_s=10.0)
+    (first,) = await rig.take(worker="w")
+    await rig.backend.lapse([(first.id, first.lease)])
+    (second,) = await rig.take(worker="w")
+    pairs = [(first.id, first.lease), (second.id, second.lease)]
+    assert await rig.backend.reattach("w", pairs) == [(second.id, second.lease)]

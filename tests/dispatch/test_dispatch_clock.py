@@ -1,23 +1,26 @@
 """The dispatcher's timing on a manual clock: delayed jobs, lapsing leases, the grace.
 
-A real job table and dispatcher share one ``ManualScheduler``; subscriptions are plain
-callables that collect frames. Time moves only when a test advances it, so each event
-is checked at its instant: an epsilon before (nothing happened) and at it (it did).
+A real backend (the local one, on the memory store) and dispatcher share one
+``ManualScheduler``; subscriptions are plain callables that collect frames. Time moves
+only when a test advances it, so each event is checked at its instant: an epsilon
+before (nothing happened) and at it (it did).
 The same behaviour through the real server is in tests/server/test_leases.py and
 tests/server/test_push.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
 import pytest
 
+from broker.backend import Enqueue, LocalBackend, ready
 from broker.dispatch import Dispatcher, Subscription
 from broker.egress import Out
-from broker.engine import JobTable
 from broker.scheduler import ManualScheduler
+from broker.store import MemoryStore
 
 START = 1_000_000.0
 EPS = 1e-3
@@ -35,8 +38,8 @@ class Worker:
 
     def connect(self, leases: list[tuple[str, str]] | None = None) -> Subscription:
         """Subscribe (again) to queue ``q``; ``self.reattached`` is what came back."""
-        queues = [self.dispatcher.table.queue("q")]
-        self.sub = Subscription(self.worker_id, queues, self.prefetch, self.emit)
+        ready(self.dispatcher.backend.set_queue("q"))
+        self.sub = Subscription(self.worker_id, ["q"], self.prefetch, self.emit)
         self.reattached = self.dispatcher.subscribe(self.sub, leases or [])
         return self.sub
 
@@ -50,18 +53,25 @@ class Worker:
         return jobs
 
     def ack(self, job: dict[str, Any]) -> bool:
-        landed = self.dispatcher.table.ack(job["id"], job["lease"])
+        (landed,) = ready(self.dispatcher.backend.ack([(job["id"], job["lease"])]))
         self.dispatcher.finished(self.sub, job["id"], job["lease"])
         return landed
 
 
 class Rig:
-    """A table and a dispatcher on one manual clock starting at ``START``."""
+    """A backend and a dispatcher on one manual clock starting at ``START``."""
 
     def __init__(self, grace_s: float = 0.0) -> None:
         self.clock = ManualScheduler(START)
-        self.table = JobTable(clock=self.clock.now, rng=random.Random(7), id_prefix="t-")
-        self.dispatcher = Dispatcher(self.table, grace_s=grace_s, scheduler=self.clock)
+        self.backend = LocalBackend(
+            MemoryStore(),
+            self.clock,
+            max_payload_bytes=1 << 20,
+            rng=random.Random(7),
+            id_prefix="t-",
+        )
+        self.table = self.backend.table  # (read to check what the backend holds)
+        self.dispatcher = Dispatcher(self.backend, grace_s=grace_s, scheduler=self.clock)
 
     def worker(self, worker_id: str, prefetch: int = 1) -> Worker:
         worker = Worker(self.dispatcher, worker_id, prefetch)
@@ -69,10 +79,14 @@ class Rig:
         return worker
 
     def enqueue(self, payload: Any = "x", **options: Any) -> str:
-        """Enqueue on ``q`` and tell the dispatcher, as the enqueue operation does."""
-        job_id = self.table.queue("q").enqueue(payload, **options)
-        self.dispatcher.queue_changed("q")
+        """Enqueue on ``q`` (the backend tells the dispatcher) and let the pass run."""
+        job_id = self.put(payload, **options)
         self.clock.run_soon()
+        return job_id
+
+    def put(self, payload: Any = "x", **options: Any) -> str:
+        (job_id,) = ready(self.backend.enqueue([Enqueue("q", payload, **options)]))
+        assert isinstance(job_id, str), job_id
         return job_id
 
     def state(self, job_id: str) -> tuple[str, str | None, int, str | None]:
@@ -89,8 +103,7 @@ def claimed_at(job: dict[str, Any]) -> float:
 def test_a_pass_runs_on_the_scheduler_not_inside_the_call_that_kicked_it() -> None:
     rig = Rig()
     worker = rig.worker("w1")
-    job_id = rig.table.queue("q").enqueue("x")
-    rig.dispatcher.queue_changed("q")
+    job_id = rig.put("x")
     assert worker.take() == []
     rig.clock.run_soon()
     assert [job["id"] for job in worker.take()] == [job_id]
@@ -152,7 +165,7 @@ def test_heartbeats_keep_the_job_past_its_first_deadline() -> None:
 
     for _ in range(3):  # each wakes the timer at the previous deadline, which re-checks
         rig.clock.advance(6.0)
-        assert rig.table.heartbeat(job_id, job["lease"])
+        assert ready(rig.backend.heartbeat([(job_id, job["lease"])])) == [True]
     rig.clock.advance(9.0)
     assert w2.take() == []
     assert rig.state(job_id) == ("processing", "w1", 1, None)
@@ -257,11 +270,13 @@ def test_close_cancels_every_timer() -> None:
     w1 = rig.worker("w1")
     job_id = rig.enqueue(delay_s=1.0)
     rig.clock.advance(1.0)
-    [_] = w1.take()
+    [job] = w1.take()
     rig.dispatcher.unsubscribe(w1.sub)
-    assert rig.clock.next_at() is not None
+    assert rig.clock.next_at() == START + 1.0 + 2.0  # the grace's end
 
     rig.dispatcher.close()
+    assert rig.clock.next_at() == job["deadline"]  # the backend's, for the lease's end
+    asyncio.run(rig.backend.close())
     assert rig.clock.next_at() is None
     assert rig.state(job_id) == ("processing", "w1", 1, None)
 

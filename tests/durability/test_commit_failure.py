@@ -43,12 +43,14 @@ async def test_a_failed_commit_sends_no_reply_and_stops_the_broker(
         def fail(changes: Changes, packed: object = None) -> None:
             raise StoreError("the disk is full")
 
-        monkeypatch.setattr(broker.store, "write", fail)
+        monkeypatch.setattr(broker.backend.store, "write", fail)
         request = {"op": "enqueue", "rid": 2, "queue": "q", "payload": 1}
         await ws.send(orjson.dumps(request).decode())
         await asyncio.wait_for(broker.stopped.wait(), WAIT)
         assert written == []  # the enqueue's reply never left
-        assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
+        assert broker.backend.commit_gate is not None and isinstance(
+            broker.backend.commit_gate.failed, StoreError
+        )
         await ws.close()
 
 
@@ -69,14 +71,16 @@ async def test_a_failed_fsync_after_a_push_left_sends_no_reply_and_stops_the_bro
         publisher = await connect(broker.url)
         written.clear()
 
-        assert isinstance(broker.store, SqliteStore)
-        break_fsyncs(broker.store)
+        assert isinstance(broker.backend.store, SqliteStore)
+        break_fsyncs(broker.backend.store)
         request = {"op": "enqueue", "rid": 2, "queue": "q", "payload": 1}
         await publisher.send(orjson.dumps(request).decode())
         await asyncio.wait_for(broker.stopped.wait(), WAIT)
         assert [orjson.loads(frame).get("push") for frame in written] == ["jobs"]
-        assert broker.gate is not None and isinstance(broker.gate.failed, StoreError)
-        assert "cannot fsync the WAL" in str(broker.gate.failed)
+        assert broker.backend.commit_gate is not None and isinstance(
+            broker.backend.commit_gate.failed, StoreError
+        )
+        assert "cannot fsync the WAL" in str(broker.backend.failed)
         await worker.close()
         await publisher.close()
 

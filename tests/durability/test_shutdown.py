@@ -42,7 +42,7 @@ async def test_a_stop_commits_the_lapses_of_the_connections_it_closed(
         # The lapse was committed: the lease ended at the stop, so the job is
         # reclaimable at once (docs/contract.md, CLM-2 and HND-11: it is counted
         # "processing" until reclaimed).
-        job = again.table.get_job(job_id)
+        job = again.backend.table.get_job(job_id)
         assert job is not None and job.attempts == 1
         assert job.deadline is not None and job.deadline <= stopped_at
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -747,7 +747,7 @@ async def test_invalid_utf8_after_good_frames_in_one_read_closes_1007(
     )
     assert await conn.closed() == 1007
     # The frame before the bad one was handled; the one after it was not.
-    assert broker.table.queue("q").stats().ready == 1
+    assert broker.backend.table.queue("q").stats().ready == 1
 
 
 def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None:

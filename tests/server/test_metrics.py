@@ -8,7 +8,7 @@ counters put into its metric families and written by its ``generate_latest``.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from broker.engine import JobTable, QueueOpts
+from broker.engine import JobTable, QueueOpts, QueueStats
 from broker.metrics import Metrics, escape_label_value, render_table
 
 TOTALS = ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
@@ -33,6 +33,11 @@ class ManualClock:
 def make_table() -> tuple[JobTable, ManualClock]:
     clock = ManualClock()
     return JobTable(clock=clock, rng=random.Random(3), id_prefix="t"), clock
+
+
+def stats_of(table: JobTable) -> Callable[[], dict[str, QueueStats]]:
+    """What the broker hands ``Metrics``: every queue's counts, read when called."""
+    return lambda: {name: table.queue(name).stats() for name in table.queues()}
 
 
 def busy_table() -> JobTable:
@@ -115,7 +120,7 @@ def test_the_table_families_parse_to_what_prometheus_client_writes() -> None:
     registry.register(ReferenceCollector(table, workers=2, connections=5))
     expected = families(generate_latest(registry).decode())
 
-    got = families(render_table(table, workers=2, connections=5))
+    got = families(render_table(stats_of(table)(), workers=2, connections=5))
 
     assert got == expected
     by_name = {name: found for name, _type, _help, found in got}
@@ -129,7 +134,9 @@ def test_the_table_families_parse_to_what_prometheus_client_writes() -> None:
 
 
 def test_each_family_has_one_help_and_one_type_line_in_the_whole_body() -> None:
-    body = Metrics(busy_table(), workers=lambda: 0, connections=lambda: 0).render().decode()
+    body = (
+        Metrics(stats_of(busy_table()), workers=lambda: 0, connections=lambda: 0).render().decode()
+    )
     types = [line.split()[2] for line in body.splitlines() if line.startswith("# TYPE ")]
     helps = [line.split()[2] for line in body.splitlines() if line.startswith("# HELP ")]
     assert len(types) == len(set(types)) == len(helps)
@@ -153,7 +160,9 @@ def test_a_scrape_within_a_second_gets_the_same_body_and_a_later_one_new_values(
     table, _ = make_table()
     clock = ManualClock()
     workers = [1]
-    metrics = Metrics(table, workers=lambda: workers[0], connections=lambda: 1, clock=clock)
+    metrics = Metrics(
+        stats_of(table), workers=lambda: workers[0], connections=lambda: 1, clock=clock
+    )
     queue = table.queue("q")
     queue.enqueue(1)
     first = metrics.render()
@@ -173,7 +182,9 @@ def test_a_scrape_within_a_second_gets_the_same_body_and_a_later_one_new_values(
 def test_with_max_age_zero_every_scrape_renders() -> None:
     table, _ = make_table()
     clock = ManualClock()
-    metrics = Metrics(table, workers=lambda: 0, connections=lambda: 0, clock=clock, max_age_s=0)
+    metrics = Metrics(
+        stats_of(table), workers=lambda: 0, connections=lambda: 0, clock=clock, max_age_s=0
+    )
     metrics.render()
     table.queue("new")
     assert ("conveyor_queue_paused", frozenset({"queue": "new"}.items())) in samples(
@@ -187,7 +198,7 @@ def test_a_table_of_five_thousand_queues_renders_every_queue() -> None:
         queue = table.queue(f"q{i}")
         for _ in range(i % 3):
             queue.enqueue(i)
-    body = Metrics(table, workers=lambda: 0, connections=lambda: 0).render()
+    body = Metrics(stats_of(table), workers=lambda: 0, connections=lambda: 0).render()
 
     got: dict[str, Any] = {name: found for name, _type, _help, found in families(body.decode())}
     assert len(got["conveyor_queue_jobs"]) == 4 * 5_000

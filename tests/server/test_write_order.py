@@ -50,7 +50,7 @@ def record_fsyncs(monkeypatch: pytest.MonkeyPatch, written: list[bytes], broker:
     """Note each fsync of the WAL in ``written``, where it falls among the frames: each
     answer of the store's fsync helper as the loop reads it (before any frame waiting
     for it is let go), and each fsync on the writer thread (a checkpointing commit)."""
-    store = broker.store
+    store = broker.backend.store
     assert isinstance(store, SqliteStore) and store._syncer is not None
     syncer = store._syncer
     answered, fdatasync = syncer._answered, os.fdatasync
@@ -78,7 +78,7 @@ async def subscribed(
     worker = await client()
     await worker.call("subscribe", worker_id="w", queues=["order"], prefetch=4)
     written = record_writes(monkeypatch)
-    if isinstance(broker.store, SqliteStore) and broker.store.sync == "full":
+    if isinstance(broker.backend.store, SqliteStore) and broker.backend.store.sync == "full":
         record_fsyncs(monkeypatch, written, broker)
     return publisher, worker, written
 
@@ -146,7 +146,7 @@ async def test_without_fsync_a_push_and_its_reply_leave_once_written(
 def note_checkpoints(monkeypatch: pytest.MonkeyPatch, written: list[bytes], broker: Broker) -> None:
     """Make every checkpointing commit a whole one, and note each whole checkpoint in
     ``written`` when it ends (on the writer thread, before the commit's replies go)."""
-    store = broker.store
+    store = broker.backend.store
     assert isinstance(store, SqliteStore)
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY_FULL", 1)
     monkeypatch.setattr(sqlite_store, "_CHECKPOINT_EVERY", 1)
@@ -254,7 +254,7 @@ async def test_a_refill_push_leaves_before_its_claims_are_written_to_sqlite(
     publisher, worker, written = await subscribed(broker, client, monkeypatch)
     await publisher.call("enqueue_batch", queue="order", jobs=[{"payload": i} for i in range(5)])
     jobs = await worker.jobs(4)  # its prefetch: the fifth waits
-    store = broker.store
+    store = broker.backend.store
     assert isinstance(store, SqliteStore)
     write = store.write
 
