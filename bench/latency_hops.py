@@ -86,16 +86,17 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
             reads.append((read_at[0], data))
         on_message(self, message)
 
-    def stamped_write(self: Any, outbox: Any, limit: int) -> None:
+    def stamped_write(self: Any, outbox: Any, limit: int) -> int:
         start = clock()
         queued = list(outbox)
-        write_frames(self, outbox, limit)
+        taken_bytes: int = write_frames(self, outbox, limit)
         end = clock()
         taken = queued[: len(queued) - len(outbox)]  # what this write took
         pushes = [bytes(frame) for frame in taken if b'"push":"jobs"' in frame]
         if pushes:
             starts.append((start, pushes))
             writes.append((end, pushes))
+        return taken_bytes
 
     def dump() -> None:
         with open(stamps_path, "wb") as out:

@@ -20,11 +20,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import anyio
-from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
-from sdk._socket import DirectReader, text_header, write_joined
 from sdk._wire import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_TRY_AGAIN_LATER,
@@ -48,11 +45,9 @@ from .engine import InvalidArgument
 from .feed import Feed
 from .ops import HANDLERS
 from .ops import Broker as OpsBroker
+from .transport import Socket
 
 __all__ = ["Connection", "Hub", "Socket"]
-
-# An enum member as a module name: read once, not off its class for every frame.
-_OPEN = State.OPEN
 
 log = logging.getLogger("conveyor")
 
@@ -74,48 +69,10 @@ class Hub(OpsBroker, Protocol):
     tokens: TokenSlots
 
 
-class Socket(DirectReader, ServerConnection):
-    """websockets' server connection, with two shortcuts on the hot path.
-
-    Writing: each batch of frames goes out in one piece (``send_data``,
-    ``write_text_frames``). Reading: each data message goes straight to the connection's
-    handler (``DirectReader``, shared with the SDK's end: see ``sdk/_socket.py``).
-    """
-
-    FROM_CLIENTS = True
-
-    def handshaken(self) -> bool:
-        return self.request is not None
-
-    def send_data(self) -> None:
-        write_joined(self.protocol, self.transport)
-
-    def write_text_frames(self, outbox: deque[bytes], limit: int) -> int:
-        """Frame texts from the left of ``outbox`` (about ``limit`` bytes of them, at least
-        one) and write them in one piece; return the bytes of text taken. Call only while
-        the connection is open.
-
-        The frames are a server's: unfragmented, unmasked (``text_header``). Anything
-        websockets itself queued (a pong) is written first, so frames stay in the order
-        they were made.
-        """
-        if self.protocol.writes:
-            self.send_data()
-        parts: list[bytes] = []
-        size = 0
-        while outbox and size < limit:
-            data = outbox.popleft()
-            parts.append(text_header(len(data)))
-            parts.append(data)
-            size += len(data)
-        self.transport.write(b"".join(parts))
-        return size
-
-
 class Connection:
     """One WebSocket connection: its roles, its subscription, its outbox."""
 
-    def __init__(self, broker: Hub, ws: ServerConnection) -> None:
+    def __init__(self, broker: Hub, ws: Socket) -> None:
         self.broker = broker
         self.ws = ws
         self.hello_done = False
@@ -232,15 +189,12 @@ class Connection:
     def unsent_bytes(self) -> int:
         """Bytes of frames for this peer not yet on the wire: queued here, or handed to
         the socket's transport and not yet taken by the kernel."""
-        ws = self.ws
-        return self._unsent + ws.transport.get_write_buffer_size()
+        return self._unsent + self.ws.write_buffer_size
 
     @property
     def reading_held(self) -> bool:
         """Whether reading waits until what is unsent has gone out (see ``_on_message``)."""
-        ws = self.ws
-        assert isinstance(ws, Socket)
-        return ws.holding
+        return self.ws.holding
 
     def _count(self, data: bytes) -> bytes:
         """Count ``data`` as unsent from now on (held in the commit gate counts too)."""
@@ -280,9 +234,7 @@ class Connection:
         """Everything queued has gone to the socket and the socket takes more."""
         if self._unsent >= self._max_unsent:
             return  # still held in the commit gate: its release calls this again
-        ws = self.ws
-        assert isinstance(ws, Socket)
-        ws.release()  # reading again, if it was held
+        self.ws.release()  # reading again, if it was held
         sub = self.subscription
         if sub is not None and sub.congested:
             self.broker.dispatcher.congested(sub, False)
@@ -302,15 +254,9 @@ class Connection:
         """
         self._flush_soon = False
         ws = self.ws
-        assert isinstance(ws, Socket)
         outbox = self._outbox
         while outbox:
-            if (
-                self._closing
-                or ws.paused
-                or ws.protocol.state is not _OPEN
-                or ws.transport.is_closing()
-            ):
+            if self._closing or not ws.writable:
                 self._wake.set()
                 return
             self._unsent -= ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
@@ -365,33 +311,29 @@ class Connection:
                     return
         except TimeoutError:
             log.info("dropped a connection that stopped reading its frames")
-            ws.transport.abort()
+            ws.abort()
         except ConnectionClosed:
             pass
         finally:
             scope.cancel()  # the reader and the authentication deadline end too
 
     @staticmethod
-    async def _write_some(ws: ServerConnection, outbox: deque[bytes], bound: float) -> int:
+    async def _write_some(ws: Socket, outbox: deque[bytes], bound: float) -> int:
         """Frame a batch of queued frames and hand them to the socket in one write.
 
-        This is ``send_context`` (websockets' documented way to write through its protocol
-        object) unrolled for the case that matters: the connection is open and the socket
-        takes the bytes, so nothing is awaited and no timer is armed. Only when the
-        transport pushes back (the peer reads slower than we write) does it wait, for at
-        most ``bound`` seconds (then ``TimeoutError``). A connection that is no longer open
-        takes the documented path, which waits for the close and raises
-        ``ConnectionClosed``. The batch is bounded so that a slow peer's unsent bytes stay
-        bounded too; one write per batch instead of per frame is most of what many small
-        replies cost. Returns the bytes of text taken from ``outbox``.
+        While the connection is open and the socket takes the bytes, nothing is awaited
+        and no timer is armed. Only when the transport pushes back (the peer reads slower
+        than we write) does it wait, for at most ``bound`` seconds (then
+        ``TimeoutError``). A connection that is no longer open is waited on until it is
+        closed, as long (``TimeoutError`` past it), then ``ConnectionClosed`` is raised.
+        The batch is bounded so that a slow peer's unsent bytes stay bounded too; one
+        write per batch instead of per frame is most of what many small replies cost.
+        Returns the bytes of text taken from ``outbox``.
         """
-        protocol = ws.protocol
-        if protocol.state is not _OPEN or ws.transport.is_closing():
+        if not ws.open:
             with anyio.fail_after(bound):
-                async with ws.send_context():
-                    pass
-            return 0
-        assert isinstance(ws, Socket)
+                await ws.wait_closed()
+            raise ws.closed_error()
         taken = ws.write_text_frames(outbox, _WRITE_BATCH_BYTES)
         if ws.paused:
             with anyio.fail_after(bound):
@@ -407,7 +349,6 @@ class Connection:
         this only waits for the connection to end.
         """
         ws = self.ws
-        assert isinstance(ws, Socket)
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._writer, tg.cancel_scope)
             if self.broker.config.tokens and not self.roles:
@@ -430,9 +371,7 @@ class Connection:
         # replies alone could overflow the outbox, or fill memory (a pipelined get_job
         # of a large job is a large reply from a small request).
         if len(self._outbox) >= self._high_water or self._unsent >= self._max_unsent:
-            ws = self.ws
-            assert isinstance(ws, Socket)
-            ws.hold()
+            self.ws.hold()
 
     async def _auth_deadline(self) -> None:
         await anyio.sleep(self.broker.config.handshake_timeout_s)

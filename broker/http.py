@@ -13,7 +13,6 @@ from collections.abc import Sized
 from http import HTTPStatus
 from typing import Protocol
 
-from websockets.asyncio.server import ServerConnection
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
@@ -26,6 +25,7 @@ from .config import Config
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .metrics import Metrics
 from .static import StaticFiles
+from .transport import Socket
 
 __all__ = ["Site", "address", "route"]
 
@@ -55,15 +55,15 @@ class Site(Protocol):
     def connections(self) -> Sized: ...
 
 
-def address(ws: ServerConnection) -> str:
+def address(ws: Socket) -> str:
     """The peer's IP address (the per-address limit's key)."""
     peer = ws.remote_address
     return str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
 
 
-def route(site: Site, connection: ServerConnection, request: Request) -> Response | None:
-    """websockets' ``process_request``: an HTTP answer, or ``None`` to go on with the
-    handshake."""
+def route(site: Site, connection: Socket, request: Request) -> Response | None:
+    """The transport's router (``broker/transport.py``): an HTTP answer, or ``None`` to go
+    on with the handshake."""
     path = request.path.split("?", 1)[0]
     config = site.config
     for name in _SINGLE_HEADERS:
@@ -92,9 +92,7 @@ def route(site: Site, connection: ServerConnection, request: Request) -> Respons
     return _handshake_refusal(site, connection, request.headers)
 
 
-def _handshake_refusal(
-    site: Site, connection: ServerConnection, headers: Headers
-) -> Response | None:
+def _handshake_refusal(site: Site, connection: Socket, headers: Headers) -> Response | None:
     config = site.config
     if site.closing:
         return _response(HTTPStatus.SERVICE_UNAVAILABLE, b"shutting down\n", "text/plain")
@@ -134,7 +132,7 @@ def _metrics_refusal(config: Config, headers: Headers) -> Response | None:
     return None
 
 
-def _connection_refusal(site: Site, connection: ServerConnection) -> Response | None:
+def _connection_refusal(site: Site, connection: Socket) -> Response | None:
     """503 once the broker, or this peer's address, holds its most connections."""
     config = site.config
     if len(site.connections) >= config.max_connections:

@@ -15,10 +15,9 @@ import contextlib
 import logging
 import signal
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
@@ -27,7 +26,7 @@ from . import __version__
 from .auth import TokenSlots
 from .backend import open_backend, ready
 from .config import Config
-from .connection import Connection, Socket
+from .connection import Connection
 from .dispatch import Dispatcher
 from .engine import InvalidArgument, check_queue_name
 from .feed import Feed
@@ -36,6 +35,7 @@ from .metrics import Metrics
 from .scheduler import LoopScheduler, Scheduler
 from .static import StaticFiles
 from .store import StoreError
+from .transport import Server, Socket, serve
 
 __all__ = ["Broker", "running_broker", "serve_until_signalled"]
 
@@ -113,18 +113,23 @@ class Broker:
 
     # -- HTTP side of the port ------------------------------------------------------------
 
-    def process_request(self, connection: ServerConnection, request: Request) -> Response | None:
+    def process_request(self, connection: Socket, request: Request) -> Response | None:
         """Answer plain HTTP paths, and refuse bad handshakes before they become sockets."""
         return route(self, connection, request)
 
     # -- connections ----------------------------------------------------------------------
 
-    async def handle(self, ws: ServerConnection) -> None:
-        """The websockets handler: one connection, from open to close."""
+    def handle(self, ws: Socket) -> Awaitable[None]:
+        """The transport's handler: one connection, from open to close. It is counted
+        here, in the callback that accepted its handshake, so the next handshake's
+        connection limits see it; the awaitable runs it."""
         conn = Connection(self, ws)
         self.connections.add(conn)
         peer = address(ws)
         self.per_address[peer] = self.per_address.get(peer, 0) + 1
+        return self._run(conn, peer)
+
+    async def _run(self, conn: Connection, peer: str) -> None:
         try:
             await conn.run()
         finally:
@@ -165,15 +170,13 @@ async def running_broker(
         broker.handle,
         config.host,
         config.port,
-        process_request=broker.process_request,
-        compression=None,
+        router=broker.process_request,
         ping_interval=config.ping_interval_s,
         ping_timeout=config.ping_timeout_s,
         open_timeout=config.handshake_timeout_s,
         max_size=config.max_frame_bytes,
         ssl=_ssl_context(config),
         server_header=f"conveyor/{__version__}",
-        create_connection=Socket,
     )
     broker.server = server
     sock = next(iter(server.sockets))
@@ -190,8 +193,7 @@ async def running_broker(
         feed.cancel()
         with contextlib.suppress(StoreError):  # (a failed store: logged, and stops us anyway)
             await broker.backend.settle()  # answered work is durable before anyone hears "bye"
-        server.close(close_connections=True, code=CLOSE_GOING_AWAY, reason="broker shutting down")
-        await server.wait_closed()
+        await server.close(CLOSE_GOING_AWAY, "broker shutting down")
         broker.dispatcher.close()
         for task in (sweeper, feed):
             with contextlib.suppress(asyncio.CancelledError):

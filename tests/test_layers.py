@@ -175,8 +175,9 @@ def test_the_egress_rules_are_pure() -> None:
         assert top in {"__future__", "enum", "collections", "typing"}, module
 
 
-# websockets' modules the SDK may import: those its documentation describes as public
-# (the sans-I/O protocol and what it hands out). Anything else may change in any release.
+# websockets' modules the broker and the SDK may import: those its documentation describes
+# as public (the sans-I/O protocols and what they hand out). Anything else (its asyncio
+# connection, its frame parser's reader, its C speedups) may change in any release.
 WEBSOCKETS_PUBLIC = {
     "websockets.client",
     "websockets.server",
@@ -188,18 +189,13 @@ WEBSOCKETS_PUBLIC = {
     "websockets.uri",
     "websockets.protocol",  # for State
 }
-# sdk/_socket.py subclasses websockets' asyncio Connection and reads its protocol's
-# buffers; the broker's connections (broker/server.py) still stand on it, the SDK's do not
-# any more (sdk/_transport.py). Excepted here until the broker moves off it too.
-WEBSOCKETS_INTERNALS_ALLOWED = {"sdk/_socket.py"}
+# Attributes of websockets' protocol objects that its documentation does not describe:
+# the parser's buffer, the queue of bytes to write, the parser itself.
+WEBSOCKETS_PROTOCOL_INTERNALS = {"reader", "writes", "parser", "events", "eof_sent"}
 
 
-def sdk_files_on_websockets_public_api() -> list[Path]:
-    return [
-        p
-        for p in files("sdk")
-        if p.relative_to(ROOT).as_posix() not in WEBSOCKETS_INTERNALS_ALLOWED
-    ]
+def files_on_websockets() -> list[Path]:
+    return [*files("broker"), *files("sdk")]
 
 
 def websockets_names(tree: ast.AST) -> set[str]:
@@ -222,21 +218,40 @@ def base_root(base: ast.expr) -> str | None:
     return base.id if isinstance(base, ast.Name) else None
 
 
-@pytest.mark.parametrize("path", sdk_files_on_websockets_public_api(), ids=lambda p: p.name)
-def test_sdk_uses_only_websockets_public_modules(path: Path) -> None:
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+@pytest.mark.parametrize("path", files_on_websockets(), ids=_rel)
+def test_only_websockets_public_modules_and_names_are_imported(path: Path) -> None:
     for module in imports(path):
         if module.split(".")[0] == "websockets":
-            assert module in WEBSOCKETS_PUBLIC, f"{path.name} imports {module}"
+            assert module in WEBSOCKETS_PUBLIC, f"{_rel(path)} imports {module}"
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("websockets"):
+            private = [a.name for a in node.names if a.name.startswith("_")]
+            assert not private, f"{_rel(path)} imports {private} from {node.module}"
 
 
-@pytest.mark.parametrize("path", sdk_files_on_websockets_public_api(), ids=lambda p: p.name)
-def test_sdk_subclasses_no_websockets_class(path: Path) -> None:
+@pytest.mark.parametrize("path", files_on_websockets(), ids=_rel)
+def test_nothing_subclasses_a_websockets_class(path: Path) -> None:
     tree = ast.parse(path.read_text(), filename=str(path))
     theirs = websockets_names(tree)
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef):
             bad = [ast.unparse(b) for b in node.bases if base_root(b) in theirs]
-            assert not bad, f"{path.name}: class {node.name} subclasses {bad}"
+            assert not bad, f"{_rel(path)}: class {node.name} subclasses {bad}"
+
+
+@pytest.mark.parametrize("path", files_on_websockets(), ids=_rel)
+def test_no_protocol_internals_are_read(path: Path) -> None:
+    # ``protocol.reader.buffer``, ``protocol.writes``: what the broker once read.
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in WEBSOCKETS_PROTOCOL_INTERNALS:
+            owner = ast.unparse(node.value)
+            assert not owner.endswith("protocol"), f"{_rel(path)} reads {owner}.{node.attr}"
 
 
 def test_the_subclass_check_sees_websockets_classes_however_imported() -> None:

@@ -228,10 +228,11 @@ def record_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     written: list[bytes] = []
     write = connection.Socket.write_text_frames
 
-    def recording(self: Any, outbox: Any, limit: int) -> None:
+    def recording(self: Any, outbox: Any, limit: int) -> int:
         queued = list(outbox)
-        write(self, outbox, limit)
+        taken = write(self, outbox, limit)
         written.extend(queued[: len(queued) - len(outbox)])  # what this call took
+        return taken
 
     monkeypatch.setattr(connection.Socket, "write_text_frames", recording)
     return written

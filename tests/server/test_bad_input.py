@@ -651,7 +651,7 @@ async def test_frames_sent_before_the_connection_is_served_are_handled_in_order(
         # A handshake on another connection takes several round trips, by which time the
         # broker has read conn's frames: they wait for conn's handler.
         other = await client()
-        waiting = sorted(len(ws._waiting or ()) for ws in broker.server.connections)  # type: ignore[attr-defined]
+        waiting = sorted(len(ws._waiting) for ws in broker.server.connections)
         assert waiting == [0, 5]  # conn's five; other sent none
     finally:
         release.set()
@@ -748,25 +748,6 @@ async def test_invalid_utf8_after_good_frames_in_one_read_closes_1007(
     assert await conn.closed() == 1007
     # The frame before the bad one was handled; the one after it was not.
     assert broker.backend.table.queue("q").stats().ready == 1
-
-
-def test_messages_wait_for_the_handler_and_are_dropped_once_it_is_done() -> None:
-    from websockets.frames import Frame, Opcode
-
-    sock = object.__new__(Socket)  # only the message routing, no transport
-    sock.request = object()  # type: ignore[assignment]  # the handshake is over
-    got: list[str | bytes] = []
-    sock.process_event(Frame(Opcode.TEXT, b"one"))
-    sock.process_event(Frame(Opcode.TEXT, b"tw", fin=False))
-    sock.process_event(Frame(Opcode.CONT, b"o"))
-    assert got == []  # no handler yet: they wait
-    sock.attach(got.append)
-    assert got == ["one", "two"]
-    sock.process_event(Frame(Opcode.BINARY, b"three"))
-    assert got == ["one", "two", b"three"]
-    sock.attach(None)  # the handler is done
-    sock.process_event(Frame(Opcode.TEXT, b"four"))
-    assert got == ["one", "two", b"three"] and sock._waiting is None
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
