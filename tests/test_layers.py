@@ -88,6 +88,23 @@ def test_backends_stand_below_the_server(path: Path) -> None:
         assert module.split(".")[0] not in {"sdk", "websockets"}, f"{path.name}: {module}"
 
 
+@pytest.mark.parametrize("name", ["postgres.py", "_pg_schema.py"])
+def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> None:
+    # The engine (its rules and guards), the store's error, the scheduler, the backend
+    # interface, the egress gate, and psycopg: no commit gate (every call commits itself).
+    allowed = ("broker.engine", "broker.store", "broker.scheduler", "broker.backend._base",
+               "broker.backend._pg_schema", "broker.egress")  # fmt: skip
+    for module in imports(ROOT / "broker/backend" / name):
+        if module.startswith("broker."):
+            assert module.startswith(allowed), f"{name}: {module}"
+    psycopg_users = [
+        path.name for path in files("broker") if any(
+            module.split(".")[0] == "psycopg" for module in imports(path)
+        )
+    ]  # fmt: skip
+    assert sorted(psycopg_users) == ["_pg_schema.py", "postgres.py"]
+
+
 def engine_names(path: Path) -> set[str]:
     """The names a file imports from the engine (``from .engine import JobTable``)."""
     tree = ast.parse(path.read_text(), filename=str(path))

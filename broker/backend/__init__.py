@@ -1,6 +1,8 @@
 """Backends: where the job table lives, behind one interface (``Backend``).
 
-``local`` is the engine's table in this process, kept by the memory or the SQLite store.
+``local`` is the engine's table in this process, kept by the memory or the SQLite store;
+``postgres`` (``PostgresBackend``, imported from there) keeps it in a PostgreSQL database
+that several brokers may share.
 Every backend passes one conformance suite (``tests/conformance/``), run through this
 interface on a manual clock.
 

@@ -3,7 +3,8 @@
 Every test here runs the job contract (``docs/contract.md``) through the ``Backend``
 interface (``broker/backend``) on each backend: the memory one, SQLite with
 ``--sync normal`` and SQLite with ``--sync full`` (the default, its fsyncs made by the
-helper process). Time is a ``SteppedScheduler``'s: it moves only when a test calls
+helper process), and PostgreSQL (a database of its own for each test, dropped after;
+``tests/conformance/pg.py``). Time is a ``SteppedScheduler``'s: it moves only when a test calls
 ``advance``, and the backend's timer fires then; nothing sleeps.
 
 A backend is done when this suite is green on it: add it to ``KINDS``.
@@ -22,14 +23,18 @@ from typing import Any
 import pytest
 
 from broker.backend import Backend, Claim, Claimed, Enqueue, LocalBackend
+from broker.backend.postgres import PostgresBackend
 from broker.egress import Out, Wait, wait_for
-from broker.engine import Job, JobTable
+from broker.engine import Job
 from broker.scheduler import SteppedScheduler
 from broker.store import MemoryStore, SqliteStore, Store
 from tests.store_files import copy_store
 
+from .pg import database
+
 START = 1_000_000.0
-DURABLE_KINDS = ["sqlite-normal", "sqlite-full"]
+SQLITE_KINDS = ["sqlite-normal", "sqlite-full"]
+DURABLE_KINDS = [*SQLITE_KINDS, "postgres"]
 KINDS = ["memory", *DURABLE_KINDS]
 
 
@@ -58,13 +63,15 @@ class Heard:
 
 @dataclass
 class Rig:
-    """A backend under test, its clock, what its listener heard, and its files."""
+    """A backend under test, its clock, what its listener heard, and where it keeps its
+    table: its files (``path``), or its database (``dsn``, for postgres)."""
 
     kind: str
     backend: Backend
     clock: SteppedScheduler
     heard: Heard
     path: Path
+    dsn: str = ""
 
     async def put(self, queue: str = "q", payload: object = None, **opts: Any) -> str:
         """Enqueue one job; its id (the test fails if it was refused)."""
@@ -107,23 +114,64 @@ class Rig:
         await asyncio.sleep(0)
         self.clock.advance(seconds)
 
-    def on_disk(self) -> JobTable:
-        """The table as the store's files hold it now, loaded from a copy of them (as a
-        broker killed now would find it at its next start)."""
-        store = SqliteStore(copy_store(self.path, self.path.parent / "copy"), sync="normal")
-        try:
-            return store.load(clock=self.clock.now, rng=random.Random(0), max_payload_bytes=1 << 20)
-        finally:
-            store.close()
+    async def reopen(self, clock: SteppedScheduler) -> Backend:
+        """A new backend on what this one kept (its files, or its database), as a broker
+        started again finds it."""
+        return await open_kept(self.kind, self.path, self.dsn, clock)
 
-    def on_disk_job(self, job_id: str) -> Job | None:
-        return self.on_disk().get_job(job_id)
+    async def on_disk(self, ids: Sequence[str]) -> list[Job | None]:
+        """The jobs ``ids`` as a broker killed now would find them at its next start:
+        from a copy of the store's files, or from the database by a second backend."""
+        if self.kind == "postgres":
+            kept = await open_kept(self.kind, self.path, self.dsn, SteppedScheduler(self.now))
+        else:
+            copy = copy_store(self.path, self.path.parent / "copy")
+            kept = await open_kept("sqlite-normal", copy, "", SteppedScheduler(self.now))
+        try:
+            return await kept.get_jobs(ids)
+        finally:
+            await kept.close()
+
+    async def on_disk_job(self, job_id: str) -> Job | None:
+        (job,) = await self.on_disk([job_id])
+        return job
+
+    @property
+    def now(self) -> float:
+        return self.clock.now()
 
 
 def make_store(kind: str, path: Path) -> Store:
     if kind == "memory":
         return MemoryStore()
     return SqliteStore(path, sync="normal" if kind == "sqlite-normal" else "full")
+
+
+async def make_backend(
+    kind: str,
+    path: Path,
+    dsn: str,
+    clock: SteppedScheduler,
+    *,
+    rng: random.Random | None = None,
+    id_prefix: str | None = None,
+) -> Backend:
+    """A backend of ``kind`` on ``path`` (a local one) or ``dsn`` (postgres)."""
+    if kind == "postgres":
+        return await PostgresBackend.open(
+            dsn, clock, max_payload_bytes=1 << 20, rng=rng, id_prefix=id_prefix
+        )
+    return LocalBackend(
+        make_store(kind, path), clock, max_payload_bytes=1 << 20, rng=rng, id_prefix=id_prefix
+    )
+
+
+async def open_kept(kind: str, path: Path, dsn: str, clock: SteppedScheduler) -> Backend:
+    """A backend on the table a durable backend of ``kind`` kept (SQLite's files are
+    opened with ``--sync normal``: the sync mode changes nothing that is read)."""
+    return await make_backend(
+        "postgres" if kind == "postgres" else "sqlite-normal", path, dsn, clock
+    )
 
 
 @pytest.fixture(params=KINDS)
@@ -143,13 +191,13 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 @contextlib.asynccontextmanager
 async def _rig(kind: str, tmp_path: Path) -> AsyncIterator[Rig]:
     path = tmp_path / "conveyor.db"
-    clock = SteppedScheduler(start=START)
-    backend = LocalBackend(
-        make_store(kind, path), clock, max_payload_bytes=1 << 20, rng=random.Random(7)
-    )
-    heard = Heard()
-    backend.listen(heard)
-    try:
-        yield Rig(kind, backend, clock, heard, path)
-    finally:
-        await backend.close()
+    async with contextlib.AsyncExitStack() as stack:
+        dsn = await stack.enter_async_context(database()) if kind == "postgres" else ""
+        clock = SteppedScheduler(start=START)
+        backend = await make_backend(kind, path, dsn, clock, rng=random.Random(7))
+        heard = Heard()
+        backend.listen(heard)
+        try:
+            yield Rig(kind, backend, clock, heard, path, dsn)
+        finally:
+            await backend.close()

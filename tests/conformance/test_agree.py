@@ -4,7 +4,9 @@ Random sequences of calls (enqueue with options and keys, claims, acks, retries,
 heartbeats, lapses, cancels, redrives, pauses, sweeps, and time passing) run in lock
 step on each backend, each on its own manual clock and an rng seeded alike. Every answer
 must match the memory backend's, ids and leases compared by the order they were first
-seen; and each durable backend's files, loaded after the last call, hold the same table.
+seen; and what each durable backend kept (SQLite's files, PostgreSQL's database: one
+for the test, emptied before each example), opened again after the last call, holds the
+same table.
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import random
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.backend import Claim, Enqueue, LocalBackend, Report
+from broker.backend import Backend, Claim, Enqueue, Report
 from broker.engine import InvalidArgument, Job
 from broker.scheduler import SteppedScheduler
 
-from .conftest import DURABLE_KINDS, KINDS, START, make_store
+from .conftest import DURABLE_KINDS, KINDS, START, make_backend, open_kept
+from .pg import database_sync, empty
 
 QUEUES = ["a", "b"]
 
@@ -56,18 +61,23 @@ CALLS = st.lists(st.one_of(PUT, TAKE, ON_LEASE, ON_JOB, ON_QUEUE, OTHER, ADVANCE
 class Run:
     """One backend driven through the calls, its ids and leases named by first sight."""
 
-    def __init__(self, kind: str, folder: Path) -> None:
+    def __init__(self, kind: str, path: Path, dsn: str, backend: Backend) -> None:
+        self.kind = kind
+        self.path = path
+        self.dsn = dsn
         self.clock = SteppedScheduler(start=START)
-        self.backend = LocalBackend(
-            make_store(kind, folder / f"{kind}.db"),
-            self.clock,
-            max_payload_bytes=1 << 20,
-            rng=random.Random(99),
-            id_prefix="j",
-        )
+        self.backend = backend
         self.ids: list[str] = []
         self.leases: list[tuple[str, str]] = []
         self.names: dict[str, str] = {}
+
+    @classmethod
+    async def start(cls, kind: str, folder: Path, dsn: str) -> Run:
+        run = cls(kind, folder / f"{kind}.db", dsn, None)  # type: ignore[arg-type]
+        run.backend = await make_backend(
+            kind, run.path, dsn, run.clock, rng=random.Random(99), id_prefix="j"
+        )
+        return run
 
     def name(self, token: str) -> str:
         """A stable name for an id or a lease: the order it was first seen in."""
@@ -144,9 +154,10 @@ class Run:
         return [self.job(job) for job in jobs]
 
 
-async def agree(calls: list[tuple[Any, ...]]) -> None:
+async def agree(calls: list[tuple[Any, ...]], dsn: str) -> None:
+    await empty(dsn)
     with tempfile.TemporaryDirectory() as folder:
-        runs = {kind: Run(kind, Path(folder)) for kind in KINDS}
+        runs = {kind: await Run.start(kind, Path(folder), dsn) for kind in KINDS}
         try:
             for call in calls:
                 answers = {kind: await run.call(call) for kind, run in runs.items()}
@@ -161,16 +172,19 @@ async def agree(calls: list[tuple[Any, ...]]) -> None:
                 await run.backend.close()
         for kind in DURABLE_KINDS:
             run = runs[kind]
-            reopened = LocalBackend(
-                make_store("sqlite-normal", Path(folder) / f"{kind}.db"),
-                run.clock,
-                max_payload_bytes=1 << 20,
-            )
+            reopened = await open_kept(kind, run.path, run.dsn, run.clock)
             try:
                 jobs = await reopened.get_jobs(run.ids)
                 assert [run.job(job) for job in jobs] == final, f"{kind} after a restart"
             finally:
                 await reopened.close()
+
+
+@pytest.fixture(scope="module")
+def pg_dsn() -> Iterator[str]:
+    """One database for the module's examples (each one empties it first)."""
+    with database_sync() as dsn:
+        yield dsn
 
 
 @settings(
@@ -180,5 +194,5 @@ async def agree(calls: list[tuple[Any, ...]]) -> None:
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(CALLS)
-def test_every_backend_answers_alike(calls: list[tuple[Any, ...]]) -> None:
-    asyncio.run(agree(calls))
+def test_every_backend_answers_alike(pg_dsn: str, calls: list[tuple[Any, ...]]) -> None:
+    asyncio.run(agree(calls, pg_dsn))

@@ -2,9 +2,10 @@
 
 The backend interface's promise: a reply made from a call's result leaves the backend's
 gate only once the change is durable; a push made from a claim's, once the claim is
-written. Each check runs on every durable backend (``durable``) and loads a copy of the
-store's files taken right when that frame would leave, as a broker killed at that moment
-would find them. (The memory backend keeps nothing between runs and promises nothing of
+written. Each check runs on every durable backend (``durable``) and reads, right when that frame
+would leave, what a broker killed at that moment would find at its next start
+(``Rig.on_disk``): a copy of SQLite's files, loaded; PostgreSQL's database, read by a
+second backend. (The memory backend keeps nothing between runs and promises nothing of
 the kind.)
 """
 
@@ -32,7 +33,7 @@ async def test_an_answered_enqueue_is_on_disk(durable: Rig) -> None:
     (job_id,) = await durable.backend.enqueue([Enqueue("q", {"a": 1}, key="k")])
     assert isinstance(job_id, str)
     await durable.through_gate(Out.REPLY)
-    job = durable.on_disk_job(job_id)
+    job = await durable.on_disk_job(job_id)
     assert job is not None and job.payload == {"a": 1} and job.key == "k"
 
 
@@ -40,9 +41,7 @@ async def test_a_claim_is_written_before_it_is_handed_back(durable: Rig) -> None
     ids = [await durable.put() for _ in range(3)]
     (got,) = await durable.backend.claim([Claim("w", ("q",), 3)])
     await durable.through_gate(Out.PUSH)
-    on_disk = durable.on_disk()
-    for claimed in got:
-        job = on_disk.get_job(claimed.id)
+    for job in await durable.on_disk([c.id for c in got]):
         assert job is not None and job.state is JobState.PROCESSING
         assert job.worker_id == "w" and job.attempts == 1
     assert sorted(c.id for c in got) == sorted(ids)
@@ -58,14 +57,12 @@ async def test_acks_reports_and_cancels_are_on_disk(durable: Rig) -> None:
     )
     await durable.backend.cancel([d.id])
     await durable.through_gate(Out.REPLY)
-    on_disk = durable.on_disk()
-    assert on_disk.get_job(a.id) is None
-    retried = on_disk.get_job(b.id)
+    acked, retried, dead, cancelled = await durable.on_disk([a.id, b.id, c.id, d.id])
+    assert acked is None
     assert retried is not None and retried.state is JobState.PENDING
     assert retried.ready_at == START + 9.0
-    dead = on_disk.get_job(c.id)
     assert dead is not None and dead.state is JobState.DEAD
-    assert on_disk.get_job(d.id) is None
+    assert cancelled is None
 
 
 async def test_a_reopened_backend_finds_the_table_and_its_leases(durable: Rig) -> None:
@@ -77,7 +74,7 @@ async def test_a_reopened_backend_finds_the_table_and_its_leases(durable: Rig) -
     assert claimed.id == held
     await durable.backend.close()
     clock = SteppedScheduler(start=START + 1)
-    again = LocalBackend(SqliteStore(durable.path, sync="normal"), clock, max_payload_bytes=1 << 20)
+    again = await durable.reopen(clock)
     heard = Heard()
     again.listen(heard)
     try:

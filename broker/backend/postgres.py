@@ -1,0 +1,1366 @@
+"""The PostgreSQL backend: the job table in a database server, shared by brokers.
+
+Every call is one transaction on this backend's connection, run as a task: its result
+(the task) is there once the transaction committed, so a frame made from it waits for
+nothing more (the gate is ``IMMEDIATE``). Calls of one backend run one at a time, in
+call order; brokers on one database change the table side by side,
+claims made safe by ``FOR UPDATE SKIP LOCKED`` (CLM-8) and keys by a unique index
+(ENQ-10). The schema and the claim function are in ``_pg_schema``.
+
+The rules are the engine's (``broker/engine``): arguments go through its guards, and
+a job's options resolve against its queue's as the engine resolves them, so that every
+answer is the local backend's. *Now* is the injected scheduler's clock, passed to each
+statement (never the server's ``now()``); the retry curve draws from the injected rng,
+once per retry that uses it, in the order of the reports (RTY-1).
+
+Time: after each change one indexed query finds the table's next timed event (TIM-4:
+a job maturing, a lease lapsing, an expiry, a dead row's retention ending) and one
+timer on the scheduler is kept set for it. When it fires, listeners are told that work
+may be waiting, and the table is swept at the time it fired, and again at each later
+event the clock has already passed (a manual clock may jump past several), before any
+other call runs. Changes made by other brokers are not heard of (no LISTEN/NOTIFY):
+their events are found at this broker's next change or timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+
+from ..egress import IMMEDIATE, Gate
+from ..engine import (
+    InvalidArgument,
+    Job,
+    JobState,
+    JobTable,
+    NewJob,
+    QueueOpts,
+    QueueStats,
+    QueueTotals,
+    SweepResult,
+)
+from ..engine import _guards as guard
+from ..scheduler import Handle, Scheduler
+from ..store import StoreError
+from ._base import Backend, Claim, Claimed, Enqueue, Listener, Report
+from ._pg_schema import migrate
+
+__all__ = ["PostgresBackend"]
+
+log = logging.getLogger("conveyor.backend")
+
+Conn = psycopg.AsyncConnection[tuple[Any, ...]]
+T = TypeVar("T")
+
+_HEX_DIGITS = "0123456789abcdef"
+_SEQ_MAX = 2**63 - 1
+# The engine's clamp of the retry curve's exponent (RTY-4).
+_MAX_EXPONENT = 1023
+_N_MAX = 2**31 - 1
+# Held while the counters are folded (see _FOLD).
+_FOLD_LOCK = 0x636F6E77
+
+EXPIRED = "expired"
+MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
+FAILED = "failed"
+
+_JOB_COLUMNS = (
+    "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
+    "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
+    "last_error, died_at, key"
+)
+
+_QUEUE_OPTS = (
+    "name, visibility_timeout_s, max_attempts, backoff_base_s, backoff_max_s, expires_s, "
+    "retention_s"
+)
+
+_ADD_QUEUES = """
+INSERT INTO conveyor_queues (name, visibility_timeout_s, max_attempts, backoff_base_s,
+    backoff_max_s, expires_s, retention_s)
+SELECT u.name, %(vis)s::float8, %(attempts)s::int, %(base)s::float8, %(cap)s::float8,
+    %(expires)s::float8, %(retention)s::float8
+FROM unnest(%(names)s::text[]) WITH ORDINALITY AS u(name, ord)
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_queues q WHERE q.name = u.name)
+ORDER BY u.ord
+ON CONFLICT (name) DO NOTHING
+"""
+
+_INSERT_JOBS = """
+WITH src AS (
+    SELECT s.*, nextval('conveyor_job_seq') AS seq
+    FROM unnest(%(queue)s::text[], %(payload)s::bytea[], %(priority)s::int[],
+                %(attempts)s::int[], %(vis)s::float8[], %(base)s::float8[],
+                %(cap)s::float8[], %(ready_at)s::float8[], %(expires_at)s::float8[],
+                %(key)s::text[])
+        WITH ORDINALITY AS s(queue, payload, priority, attempts, vis, base, cap, ready_at,
+                             expires_at, key, ord)
+), ins AS (
+    INSERT INTO conveyor_jobs (seq, queue, state, payload, priority, max_attempts,
+        visibility_timeout_s, backoff_base_s, backoff_max_s, enqueued_at, ready_at,
+        expires_at, key, sched)
+    SELECT seq, queue, 'pending', payload, priority, attempts, vis, base, cap, %(now)s,
+        ready_at, expires_at, key, ready_at > %(now)s
+    FROM src ORDER BY ord
+    ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+    RETURNING seq
+)
+SELECT src.seq, ins.seq IS NOT NULL FROM src LEFT JOIN ins USING (seq) ORDER BY src.ord
+"""
+
+_KEYED = """
+SELECT j.queue, j.key, j.seq FROM conveyor_jobs j
+JOIN unnest(%s::text[], %s::text[]) AS u(queue, key) ON j.queue = u.queue AND j.key = u.key
+"""
+
+# The validity predicate (HND-1) over a batch of (seq, lease).
+_VALID = "j.state = 'processing' AND j.lease = u.lease AND j.deadline > %(now)s"
+
+_ACK = f"""
+WITH d AS (
+    DELETE FROM conveyor_jobs j USING unnest(%(seqs)s::bigint[], %(leases)s::text[])
+        AS u(seq, lease)
+    WHERE j.seq = u.seq AND {_VALID}
+    RETURNING j.seq, j.queue, j.lease
+), t AS (
+    INSERT INTO conveyor_counts (queue, completed) SELECT queue, count(*) FROM d GROUP BY queue
+)
+SELECT seq, lease FROM d
+"""
+
+_HEARTBEAT = f"""
+UPDATE conveyor_jobs j SET deadline = %(now)s + j.visibility_timeout_s
+FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
+WHERE j.seq = u.seq AND {_VALID} AND (%(worker)s::text IS NULL OR j.worker_id = %(worker)s)
+RETURNING j.seq, j.lease, j.queue
+"""
+
+_LAPSE = f"""
+UPDATE conveyor_jobs j SET deadline = %(now)s
+FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
+WHERE j.seq = u.seq AND {_VALID}
+RETURNING j.seq, j.lease, j.queue
+"""
+
+_REPORTED = """
+SELECT seq, queue, state, lease, deadline, attempts, max_attempts, backoff_base_s,
+    backoff_max_s, last_error
+FROM conveyor_jobs WHERE seq = ANY(%s::bigint[]) ORDER BY seq FOR UPDATE
+"""
+
+_SETTLE_REPORTS = """
+UPDATE conveyor_jobs j SET state = u.state, ready_at = coalesce(u.ready_at, j.ready_at),
+    last_error = u.last_error,
+    died_at = u.died_at, sched = u.sched, worker_id = NULL, lease = NULL, deadline = NULL
+FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::float8[], %s::bool[])
+    AS u(seq, state, ready_at, last_error, died_at, sched)
+WHERE j.seq = u.seq
+"""
+
+_CANCEL = """
+WITH d AS (
+    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%s::bigint[]) RETURNING j.seq, j.queue
+), t AS (
+    INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
+)
+SELECT seq, pg_notify('conveyor', 'c:' || seq) FROM d
+"""
+
+_REDRIVE = """
+UPDATE conveyor_jobs SET state = 'pending', attempts = 0, died_at = NULL, ready_at = %(now)s,
+    sched = false
+WHERE seq = ANY(%(seqs)s::bigint[]) AND state = 'dead'
+RETURNING seq, queue
+"""
+
+_DEAD = """
+UPDATE conveyor_jobs SET state = 'dead', died_at = %(now)s, last_error = %(error)s,
+    worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+"""
+
+_SWEEP_EXPIRED = f"""
+WITH k AS ({_DEAD} WHERE state <> 'dead' AND expires_at <= %(now)s RETURNING 1)
+SELECT count(*) FROM k
+"""
+
+_SWEEP_USED_UP = f"""
+WITH k AS ({_DEAD} WHERE state = 'processing' AND deadline <= %(now)s
+    AND attempts >= max_attempts RETURNING 1)
+SELECT count(*) FROM k
+"""
+
+_SWEEP_RETENTION = """
+WITH k AS (
+    DELETE FROM conveyor_jobs j USING conveyor_queues q
+    WHERE j.queue = q.name AND q.retention_s IS NOT NULL AND j.state = 'dead'
+        AND j.died_at + q.retention_s <= %(now)s
+    RETURNING 1
+)
+SELECT count(*) FROM k
+"""
+
+_NEXT_EVENT = """
+SELECT least(
+    (SELECT min(ready_at) FROM conveyor_jobs WHERE state = 'pending' AND ready_at > %(now)s),
+    (SELECT min(deadline) FROM conveyor_jobs
+        WHERE state = 'processing' AND deadline > %(now)s),
+    (SELECT min(deadline) FROM conveyor_jobs
+        WHERE state = 'processing' AND attempts >= max_attempts),
+    (SELECT min(expires_at) FROM conveyor_jobs
+        WHERE expires_at IS NOT NULL AND state <> 'dead'),
+    (SELECT min(d.first + q.retention_s) FROM conveyor_queues q
+        CROSS JOIN LATERAL (
+            SELECT min(j.died_at) AS first FROM conveyor_jobs j
+            WHERE j.queue = q.name AND j.state = 'dead'
+        ) d
+        WHERE q.retention_s IS NOT NULL)
+)
+"""
+
+_MATURE = """
+UPDATE conveyor_jobs SET sched = false
+WHERE sched AND ready_at <= %(now)s AND (%(names)s::text[] IS NULL OR queue = ANY(%(names)s))
+"""
+
+_COUNTED = (
+    "n_ready, n_scheduled, n_processing, n_dead, enqueued, completed, retried, dead, "
+    "expired, cancelled"
+)
+_SUMS = ", ".join(f"sum({c})::bigint AS {c}" for c in _COUNTED.split(", "))
+
+# Fold each queue's delta rows into one. (Under _FOLD_LOCK, taken in an earlier statement,
+# so that a fold that waited for another one sees the row that one left.)
+_FOLD = f"""
+WITH folded AS (
+    DELETE FROM conveyor_counts c
+    WHERE (%(names)s::text[] IS NULL OR c.queue = ANY(%(names)s))
+    RETURNING c.*
+)
+INSERT INTO conveyor_counts (queue, {_COUNTED})
+SELECT queue, {_SUMS} FROM folded GROUP BY queue
+"""
+
+_STATS = f"""
+SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.enqueued,
+    s.completed, s.retried, s.dead, s.expired, s.cancelled
+FROM conveyor_queues q
+LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
+WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
+ORDER BY q.made
+"""
+
+
+def _error(exc: BaseException) -> StoreError:
+    return StoreError(f"postgres: {type(exc).__name__}: {exc}".rstrip())
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    """One job a claim handed out (``Claimed``)."""
+
+    id: str
+    queue: str
+    lease: str
+    payload_json: bytes
+    attempt: int
+    max_attempts: int
+    deadline: float
+    priority: int
+    visibility_timeout_s: float
+    ready_since: float
+
+
+class PostgresBackend:
+    """``Backend`` on a PostgreSQL database. Make it with ``await PostgresBackend.open``
+    on the running event loop; call it there.
+
+    ``scheduler``'s clock is the table's. ``on_failure`` is called once if the database
+    fails (connection lost, a statement refused); that call and every later one raise
+    ``StoreError``.
+    """
+
+    name = "postgres"
+    durable = True
+    # A result comes once its transaction committed: a frame made from it waits for
+    # nothing more.
+    gate: Gate = IMMEDIATE
+
+    def __init__(
+        self,
+        conn: Conn,
+        scheduler: Scheduler,
+        id_prefix: str,
+        *,
+        max_payload_bytes: int,
+        rng: random.Random,
+        on_failure: Callable[[StoreError], None],
+    ) -> None:
+        """Use ``open``: this takes a connection already migrated."""
+        self._conn = conn
+        self._scheduler = scheduler
+        self.id_prefix = id_prefix
+        self._rng = rng
+        self._on_failure = on_failure
+        # The engine checks each job's options and resolves them against its queue's:
+        # a table holding no job, whose queues carry the options read from the database.
+        self._rules = JobTable(
+            clock=scheduler.now, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes
+        )
+        self._lock = asyncio.Lock()
+        self._listeners: list[Listener] = []
+        self._timer: Handle | None = None
+        self._timer_at: float | None = None
+        # When the timer fired, while the sweep it asks for has not run.
+        self._due_at: float | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.failed: StoreError | None = None
+        self._closed = False
+        # What other brokers tell on the channel "conveyor" (see _pg_schema, v2).
+        self._hearing: Conn | None = None
+        self._heard: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Task[None] | None = None
+        self._last: asyncio.Task[Any] | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        scheduler: Scheduler,
+        *,
+        max_payload_bytes: int,
+        rng: random.Random | None = None,
+        id_prefix: str | None = None,
+        on_failure: Callable[[StoreError], None] = lambda exc: None,
+    ) -> PostgresBackend:
+        """Connect to ``dsn``, make or migrate the schema and find the next timed event.
+        ``id_prefix`` is used for a new database only. Raises ``StoreError``."""
+        if id_prefix is None:
+            id_prefix = secrets.token_hex(4) + "-"
+        try:
+            conn: Conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"postgres: cannot connect: {exc}") from exc
+        backend: PostgresBackend | None = None
+        try:
+            prefix = await migrate(conn, id_prefix)
+            backend = cls(
+                conn,
+                scheduler,
+                prefix,
+                max_payload_bytes=max_payload_bytes,
+                rng=random.Random() if rng is None else rng,
+                on_failure=on_failure,
+            )
+            backend._arm_timer(await backend._next_event(scheduler.now()))
+            await backend._start_hearing(dsn)
+        except BaseException as exc:
+            if backend is not None:
+                await backend.close()
+            else:
+                await backend_close(conn)
+            if isinstance(exc, psycopg.Error):
+                raise _error(exc) from exc
+            raise
+        return backend
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._scheduler.now()
+
+    def listen(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+        if self._closed:
+            raise StoreError("backend: closed")
+
+    def _fail(self, exc: BaseException) -> StoreError:
+        if self.failed is None:
+            self.failed = exc if isinstance(exc, StoreError) else _error(exc)
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._on_failure(self.failed)
+        return self.failed
+
+    async def _call(self, work: Callable[[float], Awaitable[T]], *, changes: bool) -> T:
+        """Run ``work(now)`` alone on the connection, after any sweep the timer asked
+        for; after a change, re-arm the timer for the table's next event."""
+        self._check()
+        async with self._lock:
+            self._check()
+            try:
+                await self._catch_up()
+                now = self.now()
+                result = await work(now)
+                if changes:
+                    self._arm_timer(await self._next_event(now))
+            except (psycopg.Error, OSError) as exc:
+                raise self._fail(exc) from exc
+            return result
+
+    def _tell_work(self, queues: frozenset[str] | None) -> None:
+        if queues is None or queues:
+            self._tell(lambda listener: listener.work_waiting(queues))
+
+    def _tell_cancelled(self, ids: list[str]) -> None:
+        if ids:
+            self._tell(lambda listener: listener.cancelled(ids))
+
+    def _tell(self, news: Callable[[Listener], None]) -> None:
+        for listener in self._listeners:
+            try:
+                news(listener)
+            except Exception:  # one listener's bug must not keep news from the others
+                log.exception("a listener failed")
+
+    def _id(self, seq: int) -> str:
+        return f"{self.id_prefix}{seq:x}"
+
+    def _seq(self, job_id: object) -> int | None:
+        """The seq an id names, or ``None``: only the canonical form the engine writes
+        (lowercase hex, no leading zero) names a job, as in the engine."""
+        prefix = self.id_prefix
+        if not isinstance(job_id, str) or not job_id.startswith(prefix):
+            return None
+        digits = job_id[len(prefix) :]
+        if not 0 < len(digits) <= 32 or digits[0] == "0" or digits.strip(_HEX_DIGITS):
+            return None
+        seq = int(digits, 16)
+        return seq if seq <= _SEQ_MAX else None
+
+    # -- other brokers ---------------------------------------------------------------------
+
+    async def _start_hearing(self, dsn: str) -> None:
+        """Listen on a second connection for what other brokers' changes tell."""
+        self._hearing = hearing = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        await hearing.execute("LISTEN conveyor")
+        self._heard = asyncio.get_running_loop().create_task(self._hear(hearing))
+
+    async def _hear(self, hearing: Conn) -> None:
+        own = self._conn.info.backend_pid
+        try:
+            async for note in hearing.notifies():
+                if note.pid == own:
+                    continue  # this backend's own change: its call told the listeners
+                kind, _, what = note.payload.partition(":")
+                if kind == "w":
+                    self._tell_work(frozenset([what]))
+                    self._refresh_timer()  # the change may have brought an event nearer
+                elif kind == "c":
+                    self._tell_cancelled([self._id(int(what))])
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the main connection's next call finds the failure too
+            if not self._closed:
+                log.warning("postgres: no longer hearing other brokers: %s", exc)
+
+    def _refresh_timer(self) -> None:
+        """Look up the next timed event again soon (once for a burst of news)."""
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_now())
+
+    async def _refresh_now(self) -> None:
+        try:
+            await self._call(lambda now: _nothing(), changes=True)
+        except StoreError:
+            pass  # failed: on_failure was told, and every later call raises
+
+    # -- time ------------------------------------------------------------------------------
+
+    async def _next_event(self, now: float) -> float | None:
+        cur = await self._conn.execute(_NEXT_EVENT, {"now": now})
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _arm_timer(self, at: float | None, *, sweep_now: bool = True) -> None:
+        if at is not None and sweep_now and self._due_at is None and at <= self.now():
+            # Due already: the sweep is at this time, whenever the timer's callback runs.
+            self._due_at = self.now()
+        if self._timer is not None and self._timer_at is not None:
+            if at is not None and self._timer_at <= at:
+                return  # the timer set fires no later than needed; an early one re-arms
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at
+        if at is not None and not self._closed and self.failed is None:
+            self._timer = self._scheduler.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        if self._closed or self.failed is not None:
+            return
+        if self._due_at is None:
+            self._due_at = self.now()
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_when_due())
+        # Which queues gained claimable jobs is not known without asking each one.
+        self._tell_work(None)
+
+    async def _sweep_when_due(self) -> None:
+        try:
+            await self._call(lambda now: _nothing(), changes=False)
+        except StoreError:
+            pass  # failed: on_failure was told, and every later call raises
+
+    async def _catch_up(self) -> None:
+        """Sweep at the time the timer fired, then at each later event already passed,
+        in time order: what sweeping at each event as it came would have done."""
+        at = self._due_at
+        if at is None:
+            return
+        self._due_at = None
+        while True:
+            await self._sweep_at(at)
+            nxt = await self._next_event(at)
+            if nxt is not None and at < nxt <= self.now():
+                at = nxt
+                continue
+            self._arm_timer(nxt, sweep_now=False)
+            return
+
+    async def _sweep_at(self, now: float) -> SweepResult:
+        conn = self._conn
+        async with conn.transaction():
+            counts = []
+            for statement, params in (
+                (_SWEEP_EXPIRED, {"now": now, "error": EXPIRED}),
+                (_SWEEP_USED_UP, {"now": now, "error": MAX_ATTEMPTS_EXCEEDED}),
+                (_SWEEP_RETENTION, {"now": now}),
+            ):
+                cur = await conn.execute(statement, params)
+                row = await cur.fetchone()
+                counts.append(0 if row is None else int(row[0]))
+            # The counters' deltas are folded here too, so that they stay few whether
+            # or not anyone asks for stats.
+            await self._fold(None)
+        return SweepResult(*counts)
+
+    async def _fold(self, names: list[str] | None) -> None:
+        await self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FOLD_LOCK,))
+        await self._conn.execute(_FOLD, {"names": names})
+
+    # -- queues ----------------------------------------------------------------------------
+
+    async def _queues(self, names: Sequence[str]) -> dict[str, QueueOpts]:
+        """Make the queues of ``names`` that do not exist (with the plain defaults, as
+        the engine makes a queue on first use) and give each one's options."""
+        conn = self._conn
+        plain = QueueOpts()
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            return {}
+        await conn.execute(
+            _ADD_QUEUES,
+            {
+                "names": wanted,
+                "vis": plain.visibility_timeout_s,
+                "attempts": plain.max_attempts,
+                "base": plain.backoff_base_s,
+                "cap": plain.backoff_max_s,
+                "expires": plain.expires_s,
+                "retention": plain.dead_letter_retention_s,
+            },
+        )
+        cur = await conn.execute(
+            f"SELECT {_QUEUE_OPTS} FROM conveyor_queues WHERE name = ANY(%s::text[])",
+            (wanted,),
+        )
+        return {row[0]: _opts(row) for row in await cur.fetchall()}
+
+    async def _known(self, names: Sequence[str]) -> set[str]:
+        cur = await self._conn.execute(
+            "SELECT name FROM conveyor_queues WHERE name = ANY(%s::text[])", (list(names),)
+        )
+        return {row[0] for row in await cur.fetchall()}
+
+    # -- the interface: each call runs in call order, its result a task --------------
+
+    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``work`` as a task; tasks take the connection in the order they were made
+        (each one's first wait is for the lock), so calls take effect in call order."""
+        try:
+            self._check()
+        except StoreError:
+            work.close()
+            raise
+        task = asyncio.get_running_loop().create_task(work)
+        self._last = task
+        return task
+
+    def enqueue(self, jobs: Sequence[Enqueue]) -> asyncio.Task[list[str | Exception]]:
+        return self._spawn(self._enqueue(jobs))
+
+    def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Task[list[str]]:
+        return self._spawn(self._enqueue_all(queue, jobs))
+
+    def claim(
+        self, claims: Sequence[Claim], *, round_robin: bool = False
+    ) -> asyncio.Task[list[list[Claimed]]]:
+        return self._spawn(self._claim(claims, round_robin))
+
+    def ack(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._ack(leases))
+
+    def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
+        return self._spawn(self._report(reports))
+
+    def heartbeat(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._heartbeat(leases))
+
+    def lapse(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._lapse(leases))
+
+    def reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> asyncio.Task[list[tuple[str, str]]]:
+        return self._spawn(self._reattach(worker_id, leases))
+
+    def held_leases(self) -> asyncio.Task[list[tuple[str, str, str]]]:
+        return self._spawn(self._held_leases())
+
+    def cancel(self, ids: Sequence[str]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._cancel(ids))
+
+    def get_jobs(self, ids: Sequence[str]) -> asyncio.Task[list[Job | None]]:
+        return self._spawn(self._get_jobs(ids))
+
+    def set_queue(self, name: str, opts: QueueOpts | None = None) -> asyncio.Task[None]:
+        return self._spawn(self._set_queue(name, opts))
+
+    def queues(self) -> asyncio.Task[list[str]]:
+        return self._spawn(self._queues_made())
+
+    def pause(self, queue: str) -> asyncio.Task[None]:
+        return self._spawn(self._pause(queue))
+
+    def resume(self, queue: str) -> asyncio.Task[bool]:
+        return self._spawn(self._resume(queue))
+
+    def redrive(self, ids: Sequence[str]) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._redrive(ids))
+
+    def purge_dead(self, queue: str) -> asyncio.Task[int | None]:
+        return self._spawn(self._purge_dead(queue))
+
+    def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> asyncio.Task[list[Job]]:
+        return self._spawn(self._dead_jobs(queue, offset, limit))
+
+    def stats(self, queues: Sequence[str] | None = None) -> asyncio.Task[dict[str, QueueStats]]:
+        return self._spawn(self._stats(queues))
+
+    def sweep(self) -> asyncio.Task[SweepResult]:
+        return self._spawn(self._sweep())
+
+    async def settle(self) -> None:
+        """Every call made so far has committed (each commits before its result)."""
+        last = self._last
+        if last is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(last)
+        self._check()
+
+    # -- the job table -----------------------------------------------------------------------
+
+    async def _insert(
+        self, now: float, jobs: list[tuple[str, tuple[Any, ...], float]]
+    ) -> list[str]:
+        """Store each ``(queue, resolved, backoff_max_s)`` job; the ids. A job whose key
+        a live job of its queue holds gets that job's id and changes nothing (ENQ-10),
+        and so does one whose key an earlier job of ``jobs`` holds (ENQ-11)."""
+        conn = self._conn
+        ids: list[str | None] = [None] * len(jobs)
+        first: dict[tuple[str, str], int] = {}
+        todo: list[int] = []
+        for index, (name, resolved, _) in enumerate(jobs):
+            key = resolved[8]
+            if key is None or first.setdefault((name, key), index) == index:
+                todo.append(index)
+        for _ in range(3):
+            if not todo:
+                break
+            columns: dict[str, list[Any]] = {
+                column: []
+                for column in (
+                    "queue", "payload", "priority", "attempts", "vis", "base", "cap",
+                    "ready_at", "expires_at", "key",
+                )
+            }  # fmt: skip
+            for index in todo:
+                name, resolved, cap = jobs[index]
+                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key = resolved
+                if delay_s is not None:  # ENQ-5
+                    ready_at = now + delay_s
+                elif run_at is not None:
+                    ready_at = run_at if run_at > now else now
+                else:
+                    ready_at = now
+                columns["queue"].append(name)
+                columns["payload"].append(payload)
+                columns["priority"].append(prio)
+                columns["attempts"].append(attempts)
+                columns["vis"].append(vis)
+                columns["base"].append(base)
+                columns["cap"].append(cap)
+                columns["ready_at"].append(ready_at)
+                columns["expires_at"].append(None if expires_s is None else now + expires_s)
+                columns["key"].append(key)
+            cur = await conn.execute(_INSERT_JOBS, {**columns, "now": now})
+            taken: list[int] = []
+            for index, (seq, inserted) in zip(todo, await cur.fetchall(), strict=True):
+                if inserted:
+                    ids[index] = self._id(seq)
+                else:
+                    taken.append(index)
+            todo = []
+            if not taken:
+                break
+            pairs = [(jobs[i][0], jobs[i][1][8]) for i in taken]
+            cur = await conn.execute(
+                _KEYED, ([name for name, _ in pairs], [key for _, key in pairs])
+            )
+            holders = {(row[0], row[1]): int(row[2]) for row in await cur.fetchall()}
+            for index, pair in zip(taken, pairs, strict=True):
+                seq = holders.get(pair)
+                if seq is None:
+                    todo.append(index)  # its holder went meanwhile: the key is free again
+                else:
+                    ids[index] = self._id(seq)
+        if todo:
+            raise StoreError("postgres: a key kept changing hands during an enqueue")
+        out: list[str] = []
+        for index, (name, resolved, _) in enumerate(jobs):
+            job_id = ids[index]
+            if job_id is None:
+                job_id = ids[first[(name, resolved[8])]]
+            assert job_id is not None
+            out.append(job_id)
+        return out
+
+    def _resolve(
+        self, name: str, opts: QueueOpts, job: NewJob | Enqueue
+    ) -> tuple[str, tuple[Any, ...], float]:
+        """The engine's check and resolution of one job's options against its queue's
+        (ENQ-2 to ENQ-9), and the queue's ``backoff_max_s``."""
+        queue = self._rules.queue(name, opts)
+        resolved: tuple[Any, ...] = queue._resolve(
+            job.payload,
+            job.priority,
+            job.delay_s,
+            job.run_at,
+            job.expires_s,
+            job.visibility_timeout_s,
+            job.max_attempts,
+            job.backoff_base_s,
+            job.key,
+        )
+        return name, resolved, opts.backoff_max_s
+
+    async def _enqueue(self, jobs: Sequence[Enqueue]) -> list[str | Exception]:
+        results: list[str | Exception | None] = [None] * len(jobs)
+        names: list[str] = []
+        for index, item in enumerate(jobs):
+            try:
+                names.append(guard.queue_name(item.queue))
+            except InvalidArgument as exc:
+                results[index] = exc
+
+        async def work(now: float) -> None:
+            async with self._conn.transaction():
+                opts = await self._queues(names)
+                good: list[int] = []
+                resolved: list[tuple[str, tuple[Any, ...], float]] = []
+                for index, item in enumerate(jobs):
+                    if results[index] is not None:
+                        continue
+                    try:
+                        resolved.append(self._resolve(item.queue, opts[item.queue], item))
+                    except InvalidArgument as exc:
+                        results[index] = exc
+                        continue
+                    good.append(index)
+                ids = await self._insert(now, resolved)
+            for index, job_id in zip(good, ids, strict=True):
+                results[index] = job_id
+
+        await self._call(work, changes=True)
+        out: list[str | Exception] = []
+        touched: set[str] = set()
+        for item, result in zip(jobs, results, strict=True):
+            assert result is not None
+            out.append(result)
+            if isinstance(result, str):
+                touched.add(item.queue)
+        self._tell_work(frozenset(touched))
+        return out
+
+    async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
+        guard.queue_name(queue)
+        refused: list[InvalidArgument] = []
+
+        async def work(now: float) -> list[str]:
+            async with self._conn.transaction():
+                opts = (await self._queues([queue]))[queue]
+                resolved: list[tuple[str, tuple[Any, ...], float]] = []
+                for index, spec in enumerate(jobs):
+                    if not isinstance(spec, NewJob):
+                        refused.append(InvalidArgument(f"jobs[{index}]", "must be a NewJob"))
+                        return []
+                    try:
+                        resolved.append(self._resolve(queue, opts, spec))
+                    except InvalidArgument as exc:
+                        refused.append(exc.within(f"jobs[{index}]"))
+                        return []  # the queue made stays made, as in the engine
+                return await self._insert(now, resolved)
+
+        ids = await self._call(work, changes=True)
+        if refused:
+            raise refused[0]
+        self._tell_work(frozenset([queue]))
+        return ids
+
+    async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:
+        refused: list[InvalidArgument] = []
+
+        async def one(claim: Claim, n: int, now: float) -> list[Claimed]:
+            cur = await self._conn.execute(
+                "SELECT * FROM conveyor_claim(%s, %s::text[], %s, %s, %s)",
+                (claim.worker_id, list(claim.queues), min(n, _N_MAX), now, self.id_prefix),
+            )
+            return [self._claimed(row) for row in await cur.fetchall()]
+
+        async def refuses(claim: Claim, problem: InvalidArgument | None) -> bool:
+            # The engine's guards (CLM-9) run where the local backend reaches a queue's
+            # claim: at the first of the claim's queues that exists.
+            if problem is None or not await self._known(claim.queues):
+                return False
+            refused.append(problem)
+            return True
+
+        async def work(now: float) -> list[list[Claimed]]:
+            results: list[list[Claimed]] = [[] for _ in claims]
+            async with self._conn.transaction():
+                if round_robin:
+                    # One job each in turn; a claim that got nothing has nothing left.
+                    open_ = [i for i, claim in enumerate(claims) if claim.n > 0]
+                    while open_:
+                        still = []
+                        for i in open_:
+                            claim = claims[i]
+                            if not claim.queues:
+                                continue
+                            if await refuses(claim, _worker_problem(claim)):
+                                return results  # the claims before stand, as in the engine
+                            got = await one(claim, 1, now)
+                            if got:
+                                results[i].extend(got)
+                                if len(results[i]) < claim.n:
+                                    still.append(i)
+                        open_ = still
+                    return results
+                for i, claim in enumerate(claims):
+                    if not claim.queues or claim.n <= 0:
+                        continue  # meets no row (CLM-1)
+                    if await refuses(claim, _claim_problem(claim)):
+                        break  # the claims before it stand, as in the engine
+                    results[i] = await one(claim, claim.n, now)
+            return results
+
+        results = await self._call(work, changes=True)
+        if refused:
+            raise refused[0]
+        return results
+
+    def _claimed(self, row: tuple[Any, ...]) -> Claimed:
+        (
+            _,
+            seq,
+            queue,
+            lease,
+            payload,
+            attempts,
+            max_attempts,
+            deadline,
+            priority,
+            vis,
+            ready_at,
+            enqueued_at,
+        ) = row
+        return _Claimed(
+            id=self._id(seq),
+            queue=queue,
+            lease=lease,
+            payload_json=bytes(payload),
+            attempt=attempts,
+            max_attempts=max_attempts,
+            deadline=deadline,
+            priority=priority,
+            visibility_timeout_s=vis,
+            ready_since=ready_at if ready_at > enqueued_at else enqueued_at,
+        )
+
+    def _lease_batch(self, leases: Sequence[tuple[str, str]]) -> tuple[list[int], list[str]]:
+        seqs: list[int] = []
+        tokens: list[str] = []
+        for job_id, lease in leases:
+            seq = self._seq(job_id)
+            if seq is not None and isinstance(lease, str):
+                seqs.append(seq)
+                tokens.append(lease)
+        return seqs, tokens
+
+    async def _by_lease(
+        self, statement: str, leases: Sequence[tuple[str, str]], worker: str | None = None
+    ) -> tuple[list[bool], set[str]]:
+        """Run ``statement`` over the valid leases of ``leases``; whether each landed and
+        the queues of those that did."""
+        seqs, tokens = self._lease_batch(leases)
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(
+                statement, {"now": now, "seqs": seqs, "leases": tokens, "worker": worker}
+            )
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=True)
+        hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
+        return [(job_id, lease) in hit for job_id, lease in leases], set(hit.values())
+
+    async def _ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+        seqs, tokens = self._lease_batch(leases)
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(_ACK, {"now": now, "seqs": seqs, "leases": tokens})
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=True)
+        return _once({(self._id(row[0]), row[1]) for row in rows}, leases)
+
+    async def _report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
+        checked: list[tuple[Report, float | None, str | None] | InvalidArgument] = []
+        for item in reports:
+            try:
+                delay = None
+                if item.retry:
+                    delay = guard.optional(guard.nonneg, "delay_s", item.delay_s)
+                text = guard.error_text("error", item.error)
+            except InvalidArgument as exc:
+                checked.append(exc)
+                continue
+            checked.append((item, delay, text))
+        seqs = sorted(
+            {
+                seq
+                for entry in checked
+                if not isinstance(entry, InvalidArgument)
+                and (seq := self._seq(entry[0].id)) is not None
+            }
+        )
+        requeued: set[str] = set()
+
+        async def work(now: float) -> list[bool | InvalidArgument]:
+            conn = self._conn
+            results: list[bool | InvalidArgument] = []
+            async with conn.transaction():
+                rows: dict[int, list[Any]] = {}
+                if seqs:
+                    cur = await conn.execute(_REPORTED, (seqs,))
+                    rows = {row[0]: list(row) for row in await cur.fetchall()}
+                changed: dict[int, list[Any]] = {}
+                for entry in checked:
+                    if isinstance(entry, InvalidArgument):
+                        results.append(entry)
+                        continue
+                    item, delay, text = entry
+                    seq = self._seq(item.id)
+                    row = rows.get(seq) if seq is not None else None
+                    # row: seq queue state lease deadline attempts max base cap last_error
+                    if (
+                        row is None
+                        or row[2] != "processing"
+                        or row[3] != item.lease
+                        or not now < row[4]
+                    ):
+                        results.append(False)
+                        continue
+                    # The row as it will be: [state, ready_at, last_error, died_at, sched]
+                    if item.retry:
+                        requeued.add(row[1])
+                        if row[5] >= row[6]:
+                            update = ["dead", None, text or MAX_ATTEMPTS_EXCEEDED, now, False]
+                        else:
+                            if delay is None:
+                                delay = _backoff(row[5], row[7], row[8], self._rng)
+                            last = text if text is not None else row[9]
+                            ready_at = now + delay
+                            update = ["pending", ready_at, last, None, ready_at > now]
+                    else:
+                        update = ["dead", None, text or FAILED, now, False]
+                    changed[row[0]] = update
+                    row[2] = update[0]
+                    row[3] = None
+                    row[9] = update[2]
+                    results.append(True)
+                if changed:
+                    cols: list[list[Any]] = [[], [], [], [], [], []]
+                    for seq_, update in changed.items():
+                        cols[0].append(seq_)
+                        for column, value in zip(cols[1:], update, strict=True):
+                            column.append(value)
+                    await conn.execute(_SETTLE_REPORTS, cols)
+            return results
+
+        results = await self._call(work, changes=True)
+        self._tell_work(frozenset(requeued))
+        return results
+
+    async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+        landed, _ = await self._by_lease(_HEARTBEAT, leases)
+        return landed
+
+    async def _lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+        landed, freed = await self._by_lease(_LAPSE, leases)
+        # A second lapse of one lease finds it lapsed already (HND-1): the first lands.
+        landed = _first(landed, leases)
+        self._tell_work(frozenset(freed))
+        return landed
+
+    async def _reattach(
+        self, worker_id: str, leases: Sequence[tuple[str, str]]
+    ) -> list[tuple[str, str]]:
+        landed, _ = await self._by_lease(_HEARTBEAT, leases, worker=worker_id)
+        return [pair for pair, ok in zip(leases, landed, strict=True) if ok]
+
+    async def _held_leases(self) -> list[tuple[str, str, str]]:
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(
+                "SELECT seq, lease, worker_id FROM conveyor_jobs "
+                "WHERE state = 'processing' AND deadline > %s",
+                (now,),
+            )
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=False)
+        return [(self._id(seq), lease, worker) for seq, lease, worker in rows]
+
+    async def _cancel(self, ids: Sequence[str]) -> list[bool]:
+        seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(_CANCEL, (seqs,))
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=True)
+        done = _once({self._id(row[0]) for row in rows}, ids)
+        self._tell_cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
+        return done
+
+    async def _get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
+        seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(
+                f"SELECT {_JOB_COLUMNS} FROM conveyor_jobs WHERE seq = ANY(%s::bigint[])",
+                (seqs,),
+            )
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=False)
+        found = {self._id(row[0]): self._job(row) for row in rows}
+        return [found.get(job_id) if isinstance(job_id, str) else None for job_id in ids]
+
+    def _job(self, row: tuple[Any, ...]) -> Job:
+        (
+            seq,
+            queue,
+            state,
+            payload,
+            priority,
+            attempts,
+            max_attempts,
+            vis,
+            base,
+            cap,
+            enqueued_at,
+            ready_at,
+            expires_at,
+            worker_id,
+            deadline,
+            last_error,
+            died_at,
+            key,
+        ) = row
+        return Job(
+            id=self._id(seq),
+            queue=queue,
+            state=JobState(state),
+            payload_json=bytes(payload),
+            priority=priority,
+            attempts=attempts,
+            max_attempts=max_attempts,
+            visibility_timeout_s=vis,
+            backoff_base_s=base,
+            backoff_max_s=cap,
+            enqueued_at=enqueued_at,
+            ready_at=ready_at,
+            expires_at=expires_at,
+            worker_id=worker_id,
+            deadline=deadline,
+            last_error=last_error,
+            died_at=died_at,
+            key=key,
+            seq=seq,
+        )
+
+    async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
+        guard.queue_name(name)
+        checked = None if opts is None else guard.check_opts(opts)
+
+        async def work(now: float) -> None:
+            async with self._conn.transaction():
+                await self._queues([name])
+                if checked is not None:
+                    await self._conn.execute(
+                        "UPDATE conveyor_queues SET visibility_timeout_s = %s, "
+                        "max_attempts = %s, backoff_base_s = %s, backoff_max_s = %s, "
+                        "expires_s = %s, retention_s = %s WHERE name = %s",
+                        (
+                            checked.visibility_timeout_s,
+                            checked.max_attempts,
+                            checked.backoff_base_s,
+                            checked.backoff_max_s,
+                            checked.expires_s,
+                            checked.dead_letter_retention_s,
+                            name,
+                        ),
+                    )
+
+        await self._call(work, changes=True)
+
+    async def _queues_made(self) -> list[str]:
+        async def work(now: float) -> list[str]:
+            cur = await self._conn.execute("SELECT name FROM conveyor_queues ORDER BY made")
+            return [row[0] for row in await cur.fetchall()]
+
+        return await self._call(work, changes=False)
+
+    async def _pause(self, queue: str) -> None:
+        guard.queue_name(queue)
+
+        async def work(now: float) -> None:
+            async with self._conn.transaction():
+                await self._queues([queue])
+                await self._conn.execute(
+                    "UPDATE conveyor_queues SET paused = true WHERE name = %s", (queue,)
+                )
+
+        await self._call(work, changes=True)
+
+    async def _resume(self, queue: str) -> bool:
+        async def work(now: float) -> bool:
+            cur = await self._conn.execute(
+                "WITH r AS (UPDATE conveyor_queues SET paused = false WHERE name = %s "
+                "RETURNING name) SELECT name, pg_notify('conveyor', 'w:' || name) FROM r",
+                (queue,),
+            )
+            return bool(await cur.fetchall())
+
+        resumed = await self._call(work, changes=True)
+        if resumed:
+            self._tell_work(frozenset([queue]))
+        return resumed
+
+    async def _redrive(self, ids: Sequence[str]) -> list[bool]:
+        seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(_REDRIVE, {"now": now, "seqs": seqs})
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=True)
+        done = _once({self._id(row[0]) for row in rows}, ids)
+        self._tell_work(frozenset(row[1] for row in rows))
+        return done
+
+    async def _purge_dead(self, queue: str) -> int | None:
+        async def work(now: float) -> int | None:
+            if not await self._known([queue]):
+                return None
+            cur = await self._conn.execute(
+                "WITH d AS (DELETE FROM conveyor_jobs WHERE queue = %s AND state = 'dead' "
+                "RETURNING 1) SELECT count(*) FROM d",
+                (queue,),
+            )
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._call(work, changes=True)
+
+    async def _dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> list[Job]:
+        async def work(now: float) -> list[Job]:
+            conn = self._conn
+            if not await self._known([queue]):
+                return []
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise InvalidArgument("offset", f"must be an int >= 0, got {offset!r}")
+            guard.positive_int("limit", limit)
+            cur = await conn.execute(
+                f"SELECT {_JOB_COLUMNS} FROM conveyor_jobs WHERE queue = %s AND state = 'dead' "
+                "ORDER BY died_at DESC, seq DESC OFFSET %s LIMIT %s",
+                (queue, offset, limit),
+            )
+            return [self._job(row) for row in await cur.fetchall()]
+
+        return await self._call(work, changes=False)
+
+    async def _stats(self, queues: Sequence[str] | None = None) -> dict[str, QueueStats]:
+        names = None if queues is None else [name for name in queues if isinstance(name, str)]
+
+        async def work(now: float) -> dict[str, QueueStats]:
+            conn = self._conn
+            async with conn.transaction():
+                # Scheduled jobs that matured since move to ready, each once (CST-2).
+                await conn.execute(_MATURE, {"now": now, "names": names})
+                await self._fold(names)
+                cur = await conn.execute(_STATS, {"names": names})
+                rows = await cur.fetchall()
+            found = {
+                row[0]: QueueStats(
+                    ready=row[1] or 0,
+                    scheduled=row[2] or 0,
+                    processing=row[3] or 0,
+                    dead=row[4] or 0,
+                    paused=row[5],
+                    totals=QueueTotals(*(count or 0 for count in row[6:12])),
+                )
+                for row in rows
+            }
+            if names is None:
+                return found
+            return {name: found[name] for name in names if name in found}
+
+        return await self._call(work, changes=False)
+
+    async def _sweep(self) -> SweepResult:
+        return await self._call(self._sweep_at, changes=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in (self._sweeper, self._refresh):
+            if task is not None and not task.done():
+                await task  # (it raises nothing)
+        heard = self._heard
+        if heard is not None:
+            heard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heard
+        if self._hearing is not None:
+            await backend_close(self._hearing)
+        async with self._lock:
+            await backend_close(self._conn)
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def backend_close(conn: Conn) -> None:
+    """Close ``conn``; a connection already lost closes as well."""
+    with contextlib.suppress(psycopg.Error, OSError):
+        await conn.close()
+
+
+def _worker_problem(claim: Claim) -> InvalidArgument | None:
+    try:
+        guard.worker_id(claim.worker_id)
+    except InvalidArgument as exc:
+        return exc
+    return None
+
+
+def _claim_problem(claim: Claim) -> InvalidArgument | None:
+    """What the engine's claim guards say of ``claim`` (CLM-9: the worker id first)."""
+    problem = _worker_problem(claim)
+    if problem is not None:
+        return problem
+    if isinstance(claim.n, bool) or not isinstance(claim.n, int):
+        return InvalidArgument("n", f"must be an int, got {type(claim.n).__name__}")
+    return None
+
+
+def _opts(row: tuple[Any, ...]) -> QueueOpts:
+    _, vis, attempts, base, cap, expires, retention = row
+    return QueueOpts(
+        visibility_timeout_s=vis,
+        max_attempts=attempts,
+        backoff_base_s=base,
+        backoff_max_s=cap,
+        expires_s=expires,
+        dead_letter_retention_s=retention,
+    )
+
+
+def _backoff(attempts: int, base: float, cap: float, rng: random.Random) -> float:
+    """The engine's equal-jitter delay (RTY-2 to RTY-4): one draw."""
+    exponent = min(attempts - 1, _MAX_EXPONENT)
+    exp = min(cap, base * 2.0**exponent)
+    return exp / 2 + rng.random() * (exp / 2)
+
+
+def _once(hit: set[Any], items: Sequence[Any]) -> list[bool]:
+    """For each item, whether it is in ``hit`` and not an earlier item: a one-shot
+    operation repeated in one batch lands once."""
+    seen: set[Any] = set()
+    out: list[bool] = []
+    for item in items:
+        try:
+            ok = item in hit and item not in seen
+        except TypeError:
+            ok = False
+        if ok:
+            seen.add(item)
+        out.append(ok)
+    return out
+
+
+def _first(landed: list[bool], items: Sequence[Any]) -> list[bool]:
+    """``landed``, each item after its first landing answered ``False``."""
+    seen: set[Any] = set()
+    out: list[bool] = []
+    for item, ok in zip(items, landed, strict=True):
+        ok = ok and item not in seen
+        if ok:
+            seen.add(item)
+        out.append(ok)
+    return out
+
+
+def _implements(backend: PostgresBackend) -> Backend:
+    return backend  # (mypy checks here that the class is a Backend)

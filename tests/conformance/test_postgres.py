@@ -1,0 +1,182 @@
+"""What only the PostgreSQL backend has: brokers sharing one database, and its schema.
+
+Each test makes a database of its own (``pg.database``) and drops it after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+
+import psycopg
+import pytest
+
+from broker.backend import Claim, Enqueue
+from broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
+from broker.backend.postgres import PostgresBackend
+from broker.engine import NewJob
+from broker.scheduler import SteppedScheduler
+from broker.store import StoreError
+
+from .conftest import START, Heard
+from .pg import database
+
+
+@pytest.fixture
+async def dsn() -> AsyncIterator[str]:
+    async with database() as made:
+        yield made
+
+
+async def _open(dsn: str, clock: SteppedScheduler, seed: int = 0) -> PostgresBackend:
+    return await PostgresBackend.open(
+        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(seed)
+    )
+
+
+async def test_two_brokers_claiming_at_once_never_share_a_job_clm_8(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        jobs = 200
+        ids = await one.enqueue_all("q", [NewJob(i) for i in range(jobs)])
+
+        async def drain(backend: PostgresBackend, worker: str) -> list[tuple[str, str]]:
+            got: list[tuple[str, str]] = []
+            while True:
+                (claimed,) = await backend.claim([Claim(worker, ("q",), 3)])
+                if not claimed:
+                    return got
+                got.extend((c.id, c.lease) for c in claimed)
+
+        takers = [drain(backend, f"w{i}") for i in range(4) for backend in (one, two)]
+        handed = [pair for taken in await asyncio.gather(*takers) for pair in taken]
+        handed_ids = [job_id for job_id, _ in handed]
+        assert len(handed_ids) == len(set(handed_ids)) == jobs  # no job twice
+        assert set(handed_ids) == set(ids)
+        # Each lease is the job's current one: every ack lands, from either broker.
+        half = len(handed) // 2
+        assert await one.ack(handed[:half]) == [True] * half
+        assert await two.ack(handed[half:]) == [True] * (len(handed) - half)
+        stats = (await two.stats(["q"]))["q"]
+        assert (stats.ready, stats.processing, stats.totals.completed) == (0, 0, jobs)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_one_key_enqueued_by_two_brokers_at_once_is_one_job_enq_10(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock)
+    two = await _open(dsn, clock)
+    try:
+        await one.set_queue("q")
+        puts = [
+            backend.enqueue([Enqueue("q", i, key="k")]) for i in range(10) for backend in (one, two)
+        ]
+        answers = [answer for answers in await asyncio.gather(*puts) for answer in answers]
+        assert len(set(answers)) == 1
+        assert (await one.stats(["q"]))["q"].totals.enqueued == 1
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Wait (on the real clock: news travels through the server) until ``check()``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not check():
+        assert loop.time() < end, "not told in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_broker_hears_of_another_brokers_work_and_cancels(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock)
+    two = await _open(dsn, clock)
+    heard_one, heard_two = Heard(), Heard()
+    one.listen(heard_one)
+    two.listen(heard_two)
+    try:
+        (job_id,) = await two.enqueue([Enqueue("q", 1)])
+        assert isinstance(job_id, str)
+        await _until(lambda: heard_one.told_work("q"))
+        (claimed,) = (await one.claim([Claim("w", ("q",), 1)]))[0]
+        heard_two.forget()
+        assert await one.lapse([(claimed.id, claimed.lease)]) == [True]
+        await _until(lambda: heard_two.told_work("q"))
+        await two.pause("q")
+        heard_one.forget()
+        await two.resume("q")
+        await _until(lambda: heard_one.told_work("q"))
+        assert await two.cancel([job_id]) == [True]
+        await _until(lambda: heard_one.cancels == [job_id])
+        # A backend's own changes come to its listeners once: from its call, not the news.
+        await asyncio.sleep(0.1)
+        assert heard_two.cancels == [job_id]
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_database_of_an_older_schema_is_migrated(dsn: str) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
+        await conn.execute("INSERT INTO conveyor_schema VALUES (1)")
+        await conn.execute(MIGRATIONS[0].encode())
+        await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
+    backend = await _open(dsn, SteppedScheduler(start=START))
+    try:
+        (job_id,) = await backend.enqueue([Enqueue("q", 1)])
+        assert job_id == "old-1"  # the table's prefix stays
+    finally:
+        await backend.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT version FROM conveyor_schema")
+        assert await cur.fetchall() == [(SCHEMA_VERSION,)]
+
+
+async def test_a_schema_newer_than_the_code_is_refused(dsn: str) -> None:
+    backend = await _open(dsn, SteppedScheduler(start=START))
+    await backend.close()
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("UPDATE conveyor_schema SET version = %s", (SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreError) as raised:
+        await _open(dsn, SteppedScheduler(start=START))
+    message = str(raised.value)
+    assert f"version {SCHEMA_VERSION + 1}" in message and f"{SCHEMA_VERSION}" in message
+
+
+async def test_a_lost_connection_fails_the_call_and_every_later_one(dsn: str) -> None:
+    failures: list[StoreError] = []
+    backend = await PostgresBackend.open(
+        dsn, SteppedScheduler(start=START), max_payload_bytes=1 << 20,
+        on_failure=failures.append,
+    )  # fmt: skip
+    try:
+        (job_id,) = await backend.enqueue([Enqueue("q", 1)])
+        assert isinstance(job_id, str)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        with pytest.raises(StoreError, match="postgres"):
+            await backend.get_jobs([job_id])
+        assert len(failures) == 1
+        with pytest.raises(StoreError):
+            await backend.enqueue([Enqueue("q", 2)])
+    finally:
+        await backend.close()
+
+
+async def test_an_unreachable_server_is_a_store_error() -> None:
+    with pytest.raises(StoreError, match="cannot connect"):
+        await PostgresBackend.open(
+            "host=127.0.0.1 port=1 user=postgres connect_timeout=2",
+            SteppedScheduler(start=START),
+            max_payload_bytes=1 << 20,
+        )
