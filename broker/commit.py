@@ -156,23 +156,23 @@ class CommitGate:
         self._do(core.flush(self._table.has_changes))
 
     def _do(self, actions: list[Action[Frame, Flush]]) -> None:
-        for action in actions:
+        for action in actions:  # (the common actions first)
             if isinstance(action, Release):
                 for deliver, data in action.frames:
                     deliver(data)
             elif isinstance(action, Commit):
                 self._commit_now()
-            elif isinstance(action, SendEarly):
-                _send_early(action.frames, action.flushes)
             elif isinstance(action, AwaitFsync):
                 assert self._fsync is not None
                 self._fsync.add_done_callback(functools.partial(self._synced, action.n))
+            elif isinstance(action, SendEarly):
+                _send_early(action.frames, action.flushes)
+            elif isinstance(action, Schedule):
+                self._loop().call_soon(self._flush)
             elif isinstance(action, SlowCommit):
                 changes, self._slow_changes = self._slow_changes, None
                 assert changes is not None
                 self._slow = self._loop().create_task(self._commit(changes))
-            elif isinstance(action, Schedule):
-                self._loop().call_soon(self._flush)
 
     def _commit_now(self) -> None:
         changes = self._table.take_changes()

@@ -59,14 +59,14 @@ F = TypeVar("F")  # a frame
 K = TypeVar("K", bound=Hashable)  # the flush that puts early frames on the wire
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Release(Generic[F]):
     """Deliver these frames now, in this order."""
 
     frames: list[F]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendEarly(Generic[F, K]):
     """Deliver these early frames now and then call each flush once: the commit is
     written and its fsync is to follow. A frame that fails must not stop the others."""
@@ -75,19 +75,19 @@ class SendEarly(Generic[F, K]):
     flushes: list[K]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Commit:
     """Take the table's changes and write them now (``Store.commit_now``); then report
     ``committed`` (written), ``checkpoint_due`` (nothing written) or ``fail``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlowCommit:
     """Write the changes taken for the last ``Commit`` by the slow path (``Store.commit``,
     in a task); then report ``slow_committed`` or ``fail``."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AwaitFsync:
     """The commit just written is durable when its fsync, number ``n``, ends: report
     ``synced(n)`` then, or ``fail`` if it fails."""
@@ -95,7 +95,7 @@ class AwaitFsync:
     n: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Schedule:
     """Call ``flush`` at the end of this loop turn."""
 

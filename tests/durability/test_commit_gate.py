@@ -258,3 +258,16 @@ async def test_one_flush_is_scheduled_per_batch() -> None:
         del loop.call_soon
     await turns()
     assert len(s.store.commits) == 1 and s.gate.batches == 1
+
+
+async def test_a_frame_held_as_an_fsync_ends_still_leaves_after_that_fsyncs_frames() -> None:
+    # The fsync's future is done, its callbacks not yet run, and a flush is due first:
+    # the frame must not overtake the replies that fsync releases (one connection's
+    # replies in order).
+    s = Setup()
+    s.reply(b"r1")
+    await turns()
+    s.gate.hold(s.deliver, b"r2")  # no change of its own; a flush is scheduled
+    s.store.fsyncs[0].set_result(None)  # its callbacks go after that flush
+    await turns()
+    assert s.out == [b"r1", b"r2"]
