@@ -12,8 +12,9 @@ The rules:
 1. A held frame leaves once every change made before it is durable; an early frame
    once every change made before it is written (``hold``, ``hold_early``).
 2. The first frame or change after a flush asks for one at the end of the loop turn
-   (``Schedule``); the others ride it. None is asked for while a slow commit is due,
-   nor, except by an early frame, while a flush waits for an fsync.
+   (``Schedule``); the others ride it. None is asked for while a slow commit is due.
+   One is while a flush waits for an fsync: it lets the work due that turn (a dispatch
+   pass) run first, and so its pushes are written behind the fsync in the same turn.
 3. A flush with no changes releases its early frames at once, and its held frames at
    once too unless an fsync is in flight: then when that fsync ends (they may describe
    what its commit makes durable).
@@ -147,7 +148,7 @@ class GroupCommit(Generic[F, K]):
         """``frame`` waits until every change so far is durable. Returns whether to
         schedule a flush."""
         self._held.append(frame)
-        if self._scheduled or self._slow or self._flush_after is not None or self.failed:
+        if self._scheduled or self._slow or self.failed:
             return False
         self._scheduled = True
         return True
@@ -164,7 +165,7 @@ class GroupCommit(Generic[F, K]):
 
     def changed(self) -> bool:
         """The table has changes no frame waits for. Returns whether to schedule a flush."""
-        if self._scheduled or self._slow or self._flush_after is not None or self.failed:
+        if self._scheduled or self._slow or self.failed:
             return False
         self._scheduled = True
         return True

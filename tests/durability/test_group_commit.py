@@ -71,13 +71,27 @@ def test_commits_group_while_an_fsync_is_in_flight() -> None:
     g.committed(fsync=True)
     assert g.hold("r2") is True
     assert g.flush(has_changes=True) == []  # waits for fsync 1
-    for frame in ["r3", "r4"]:  # more loop turns while the disk syncs: no flush asked
-        assert g.hold(frame) is False
-    assert g.changed() is False
-    assert g.synced(1) == [Release(["r1"]), SCHEDULE]
+    for frame in ["r3", "r4"]:  # more loop turns while the disk syncs
+        assert g.hold(frame) is True  # (the flush lets the turn's dispatch pass run)
+        assert g.flush(has_changes=True) == []  # ... and waits again
+    assert g.changed() is True
+    assert g.synced(1) == [Release(["r1"])]  # a flush is scheduled already
     assert g.flush(True) == [COMMIT]  # one commit for all that gathered
     assert g.committed(fsync=True) == [AwaitFsync(2)]
     assert g.synced(2) == [Release(["r2", "r3", "r4"])]
+
+
+def test_the_flush_after_an_fsync_is_asked_for_when_none_is_scheduled() -> None:
+    g: Core = GroupCommit()
+    g.hold("r1")
+    g.flush(True)
+    g.committed(fsync=True)
+    g.hold("r2")
+    g.flush(has_changes=True)  # waits for fsync 1
+    assert g.synced(1) == [Release(["r1"]), SCHEDULE]
+    assert g.flush(True) == [COMMIT]
+    assert g.committed(fsync=True) == [AwaitFsync(2)]
+    assert g.synced(2) == [Release(["r2"])]
 
 
 def test_a_commit_with_early_frames_is_written_behind_the_fsync_in_flight() -> None:
