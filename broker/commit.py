@@ -25,19 +25,23 @@ then they wait for it, since they may describe state that commit makes durable (
 idempotent enqueue answered with the id of a job not yet on disk, say).
 
 A pushed job confirms nothing to anyone; what it needs is that the broker remembers its
-claim after a crash of its own. So a push can be held *early* (``hold_early``): when
-the store calls back between a commit's write and its fsync (``--sync full``), the push
-is put on the wire there, and the worker starts on it while the disk syncs. For a commit
-of claims only, with either ``--sync``, the store calls back before the write, once the
-claims are in its claim log (``broker/store/_claim_log.py``): the worker then starts while
-the broker writes. Any other commit with nothing after its write (``--sync normal``)
-sends it with the other frames.
-(Waiting for the fsync cost the 1-worker drain on ``--sync full`` about a fifth of its
-rate: the broker's loop did nothing else meanwhile.) A power loss in that window can
-forget the claim: the job is then handed out again without that attempt counted, as
-after any lost lease. The dispatcher therefore holds a push of a job's last attempt to
-the fsync (see ``Dispatcher._push``): once that attempt has gone out, no power loss
-hands the job out again (``max_attempts=1`` means at most one start).
+claim after a crash of its own. So a push can be held *early* (``hold_early``): when the
+store calls back between a commit's write and its fsync (``--sync full``), the push is
+put on the wire there, and the worker starts on it while the disk syncs. For a commit of
+claims only, with either ``--sync``, the store calls back before the write, once the
+claims are in its claim log (``broker/store/_claim_log.py``): the worker then starts
+while the broker writes. Any other commit with nothing after its write
+(``--sync normal``) sends it with the other frames. (Waiting for the fsync would leave a
+lone worker idle while the disk syncs.) A power loss in that window can forget the
+claim: the job is then handed out again without that attempt counted, as after any lost
+lease. The dispatcher therefore holds a push of a job's last attempt to the fsync (see
+``Dispatcher._push``): once that attempt has gone out, no power loss hands the job out
+again (``max_attempts=1`` means at most one start).
+
+The decisions above are ``GroupCommit``'s (``broker/group_commit.py``: a state machine
+with no I/O, whose docstring lists the rules); ``CommitGate`` here is its asyncio driver,
+which tells it the loop's events and carries out its answers with the table, the store
+and the loop.
 """
 
 from __future__ import annotations
@@ -48,6 +52,17 @@ import logging
 from collections.abc import Callable
 
 from .engine import Changes, JobTable
+from .group_commit import (
+    Action,
+    AwaitFsync,
+    Commit,
+    Drain,
+    GroupCommit,
+    Release,
+    Schedule,
+    SendEarly,
+    SlowCommit,
+)
 from .store import Store, StoreError
 
 __all__ = ["CommitGate"]
@@ -55,12 +70,17 @@ __all__ = ["CommitGate"]
 log = logging.getLogger("conveyor.commit")
 
 Deliver = Callable[[bytes], None]
-# An early frame: how to deliver it, its bytes, and the flush that puts it on the wire.
-Early = tuple[Deliver, bytes, Callable[[], None]]
+Flush = Callable[[], None]
+# A frame held here: how to deliver it, and its bytes.
+Frame = tuple[Deliver, bytes]
 
 
 class CommitGate:
-    """Holds outgoing frames until the engine's changes before them are committed."""
+    """Holds outgoing frames until the engine's changes before them are committed.
+
+    The decisions are ``GroupCommit``'s (``broker/group_commit.py``, where the rules
+    are listed); this driver feeds it the loop's events and carries out its actions
+    with the table, the store and the loop."""
 
     def __init__(
         self,
@@ -74,23 +94,24 @@ class CommitGate:
         self._store = store
         self._before_flush = before_flush
         self._on_failure = on_failure
-        self._held: list[tuple[Deliver, bytes]] = []
-        self._early: list[Early] = []  # see hold_early
-        self._scheduled = False
-        self._inflight: asyncio.Task[None] | None = None
-        # --sync full: the fsync of the last commit written, while it is in flight.
-        self._syncing: asyncio.Future[None] | None = None
-        self._waiting_sync = False  # a flush is to follow that fsync (see _flush)
+        self._core: GroupCommit[Frame, Flush] = GroupCommit()
+        self._fsync: asyncio.Future[None] | None = None  # the last commit's fsync
+        self._slow_changes: Changes | None = None  # taken for a commit the store deferred
+        self._slow: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
         self._bound_loop: asyncio.AbstractEventLoop | None = None
-        self.batches = 0  # commits made (for metrics)
+
+    @property
+    def batches(self) -> int:
+        """Commits made (for metrics)."""
+        return self._core.commits
 
     def hold(self, deliver: Deliver, data: bytes) -> None:
         """Deliver ``data`` with ``deliver`` once everything changed so far is durable."""
-        self._held.append((deliver, data))
-        self._schedule()
+        if self._core.hold((deliver, data)):
+            self._loop().call_soon(self._flush)
 
-    def hold_early(self, deliver: Deliver, data: bytes, flush: Callable[[], None]) -> None:
+    def hold_early(self, deliver: Deliver, data: bytes, flush: Flush) -> None:
         """Deliver ``data`` with ``deliver`` once everything changed so far is written,
         so that it survives a killed broker but perhaps not a power loss (see the module
         docstring). When an fsync follows that write, ``flush`` is called then too, to
@@ -98,38 +119,25 @@ class CommitGate:
         Early frames may overtake frames held before them in the same commit, and those
         of an earlier commit whose fsync is still in flight; never those released
         already."""
-        self._early.append((deliver, data, flush))
-        self._schedule()
+        if self._core.hold_early((deliver, data), flush):
+            self._loop().call_soon(self._flush)
 
     def poke(self) -> None:
         """The table changed without a frame (a sweep, a timer): commit it soon."""
-        if self._table.has_changes:
-            self._schedule()
+        if self._table.has_changes and self._core.changed():
+            self._loop().call_soon(self._flush)
 
     async def drain(self) -> None:
         """Commit what is left and release every held frame (the broker is stopping)."""
-        while (
-            self._inflight is not None
-            or self._sync_in_flight() is not None
-            or self._held
-            or self._early
-            or self._table.has_changes
-        ):
-            if self._inflight is not None:
-                await asyncio.shield(self._inflight)
-            elif (syncing := self._sync_in_flight()) is not None:
-                # (_synced, called before this wakes, releases its frames or fails.)
-                await asyncio.wait([syncing])
-            else:
+        while (step := self._core.drain(self._table.has_changes)) is not Drain.DONE:
+            if step is Drain.FLUSH:
                 self._flush()
-            if self.failed is not None:
-                return
-
-    def _sync_in_flight(self) -> asyncio.Future[None] | None:
-        syncing = self._syncing
-        if syncing is not None and syncing.done():
-            syncing = self._syncing = None
-        return syncing
+            elif self._slow is not None:
+                await asyncio.shield(self._slow)
+            else:
+                assert self._fsync is not None
+                # (_synced, called before this wakes, releases its frames or fails.)
+                await asyncio.wait([self._fsync])
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         # The running loop, cached: asyncio.get_running_loop() makes a getpid() system
@@ -139,123 +147,93 @@ class CommitGate:
             loop = self._bound_loop = asyncio.get_running_loop()
         return loop
 
-    def _schedule(self) -> None:
-        if not self._scheduled and self._inflight is None:
-            self._scheduled = True
-            self._loop().call_soon(self._flush)
-
     def _flush(self) -> None:
-        self._scheduled = False
-        if self._inflight is not None or self.failed is not None:
-            return
-        # Let a dispatch pass due this iteration run first, so its pushes ride this commit.
-        self._before_flush()
-        syncing = self._sync_in_flight()
-        if syncing is not None and not self._early:
-            # Nothing to push early: wait for the fsync in flight, and then commit what
-            # gathered meanwhile in one (a commit, and an fsync, per loop turn cost more
-            # CPU per job than the disk saves).
-            if not self._waiting_sync:
-                self._waiting_sync = True
-                syncing.add_done_callback(self._after_sync)
-            return
-        held, self._held = self._held, []
-        early, self._early = self._early, []
-        if not self._table.has_changes:
-            _release_early(early)
-            if syncing is not None:
-                syncing.add_done_callback(functools.partial(self._synced, held))
-            else:
-                _release(held)
-            return
+        core = self._core
+        if core.may_flush:
+            # Let a dispatch pass due this iteration run first, so its pushes ride this
+            # commit (its frames find the flush still scheduled, and ask for no other).
+            self._before_flush()
+        self._do(core.flush(self._table.has_changes))
+
+    def _do(self, actions: list[Action[Frame, Flush]]) -> None:
+        for action in actions:  # (the common actions first)
+            if isinstance(action, Release):
+                for deliver, data in action.frames:
+                    deliver(data)
+            elif isinstance(action, Commit):
+                self._commit_now()
+            elif isinstance(action, AwaitFsync):
+                assert self._fsync is not None
+                self._fsync.add_done_callback(functools.partial(self._synced, action.n))
+            elif isinstance(action, SendEarly):
+                _send_early(action.frames, action.flushes)
+            elif isinstance(action, Schedule):
+                self._loop().call_soon(self._flush)
+            elif isinstance(action, SlowCommit):
+                changes, self._slow_changes = self._slow_changes, None
+                assert changes is not None
+                self._slow = self._loop().create_task(self._commit(changes))
+
+    def _commit_now(self) -> None:
         changes = self._table.take_changes()
         try:
-            done = self._store.commit_now(changes, lambda: _before_fsync(early))
+            done = self._store.commit_now(changes, self._written)
         except StoreError as exc:
             self._fail(exc)
             return
         if done is False:
-            self._inflight = self._loop().create_task(self._commit(changes, early, held))
-            return
-        self.batches += 1
-        _release_early(early)
-        if done is True:
-            _release(held)
-            return
-        self._syncing = done
-        done.add_done_callback(functools.partial(self._synced, held))
+            self._slow_changes = changes
+            self._do(self._core.checkpoint_due())
+        elif done is True:
+            self._do(self._core.committed(fsync=False))
+        else:
+            self._fsync = done
+            self._do(self._core.committed(fsync=True))
 
-    def _synced(self, held: list[tuple[Deliver, bytes]], syncing: asyncio.Future[None]) -> None:
-        """The fsync a commit's frames waited for is back: release them, or stop."""
-        if syncing.cancelled():
+    def _written(self) -> None:
+        """The store's callback between a commit's write and its fsync."""
+        self._do(self._core.written())
+
+    def _synced(self, n: int, fsync: asyncio.Future[None]) -> None:
+        """Fsync ``n`` is back: release what waited for it, or stop."""
+        if fsync.cancelled():
+            # Nobody can say what is on disk: as a failed fsync.
+            self._fail(StoreError("an fsync was cancelled"))
             return
-        exc = syncing.exception()
+        exc = fsync.exception()
         if exc is not None:
-            if self.failed is None:
-                self._fail(exc if isinstance(exc, StoreError) else StoreError(str(exc)))
+            self._fail(exc if isinstance(exc, StoreError) else StoreError(str(exc)))
             return
-        if self.failed is None:
-            _release(held)
+        self._do(self._core.synced(n))
 
-    def _after_sync(self, _: asyncio.Future[None]) -> None:
-        self._waiting_sync = False
-        self._schedule()
-
-    def _fail(self, exc: StoreError) -> None:
-        # Nothing more can be promised: hold every frame back and stop the broker.
-        self.failed = exc
-        log.critical("the store failed; stopping: %s", exc)
-        self._on_failure(exc)
-
-    async def _commit(
-        self,
-        changes: Changes,
-        early: list[Early],
-        held: list[tuple[Deliver, bytes]],
-    ) -> None:
+    async def _commit(self, changes: Changes) -> None:
+        """The slow path: a checkpointing commit, after the fsync in flight."""
         try:
-            if (syncing := self._sync_in_flight()) is not None:
-                await asyncio.wait([syncing])  # first the commits written before this one
-                if self.failed is not None:
-                    return
-            await self._store.commit(changes, lambda: _before_fsync(early))
+            await self._store.commit(changes, self._written)
         except StoreError as exc:
             self._fail(exc)
             return
         finally:
-            self._inflight = None
-        self.batches += 1
-        _release_early(early)
-        _release(held)
-        if self._held or self._early or self._table.has_changes:
-            self._schedule()
+            self._slow = None
+        self._do(self._core.slow_committed(self._table.has_changes))
+
+    def _fail(self, exc: StoreError) -> None:
+        if self._core.fail():
+            # Nothing more can be promised: every frame is held back; stop the broker.
+            self.failed = exc
+            log.critical("the store failed; stopping: %s", exc)
+            self._on_failure(exc)
 
 
-def _release(held: list[tuple[Deliver, bytes]]) -> None:
-    for deliver, data in held:
-        deliver(data)
-
-
-def _release_early(early: list[Early]) -> None:
-    # After the commit: what the store's callback (_before_fsync) did not already send
-    # goes with the other frames (the connection writes them all at once).
-    for deliver, data, _ in early:
-        deliver(data)
-
-
-def _before_fsync(early: list[Early]) -> None:
-    """The store's callback between a commit's write and its fsync: deliver the early
-    frames and put them on the wire now, one flush per connection; then they are gone
-    from ``early``. Whatever goes wrong with one frame must not stop the commit, nor
-    the frames after it."""
-    flushes: dict[Callable[[], None], None] = {}
-    for deliver, data, flush in early:
+def _send_early(frames: list[Frame], flushes: list[Flush]) -> None:
+    """Deliver early frames and put them on the wire before the fsync, one flush per
+    connection. Whatever goes wrong with one frame must not stop the commit (this runs
+    in the store's callback), nor the frames after it."""
+    for deliver, data in frames:
         try:
             deliver(data)
         except Exception:
             log.exception("an early frame could not be delivered")
-        flushes[flush] = None
-    early.clear()
     for flush in flushes:
         try:
             flush()

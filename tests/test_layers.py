@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,20 @@ def test_stores_know_only_the_engine(path: Path) -> None:
             assert module.startswith(("broker.engine", "broker.store")), f"{path.name}: {module}"
 
 
-def test_the_commit_gate_knows_only_engine_and_store() -> None:
+def test_the_commit_gate_knows_only_engine_store_and_its_decisions() -> None:
+    allowed = ("broker.engine", "broker.store", "broker.group_commit")
     for module in imports(ROOT / "broker" / "commit.py"):
         if module.startswith("broker."):
-            assert module.startswith(("broker.engine", "broker.store")), module
+            assert module.startswith(allowed), module
+
+
+def test_the_commit_gates_decisions_are_pure() -> None:
+    # broker/group_commit.py: the standard library only, and nothing that waits or does I/O.
+    banned = {"time", "asyncio", "socket", "sqlite3", "threading", "selectors", "subprocess"}
+    for module in imports(ROOT / "broker" / "group_commit.py"):
+        top = module.split(".")[0]
+        assert top not in banned, module
+        assert top in sys.stdlib_module_names or module.startswith("broker.engine"), module
 
 
 @pytest.mark.parametrize("path", files("broker/backend"), ids=lambda p: p.name)

@@ -4,7 +4,8 @@ With ``--sync full`` the SQLite store writes a commit on the loop and hands back
 for its fsync, which its helper process makes while the loop goes on. These tests stand
 a scripted store in its place, so that each fsync ends exactly when the test resolves
 it, and pin what the gate does meanwhile: which frames wait for which fsync, when a
-commit may be written behind one in flight, and that commits still group.
+commit may be written behind one in flight, and that commits still group. The decisions
+alone, with no loop, are tested in ``test_group_commit.py``; these test the driver.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -221,3 +223,51 @@ async def test_frames_leave_in_the_order_their_fsyncs_end(fsyncs_in_flight: int)
         fsync.set_result(None)
         await turns()
         assert s.out == pushes + [f"r{j}".encode() for j in range(i + 1)]
+
+
+async def test_a_cancelled_fsync_counts_as_failed() -> None:
+    # Nobody can say whether the commit is on disk: hold its frames back and stop.
+    s = Setup()
+    s.reply(b"r1")
+    await turns()
+    s.store.fsyncs[0].cancel()
+    await turns()
+    assert s.out == [] and isinstance(s.gate.failed, StoreError) and len(s.failures) == 1
+    await asyncio.wait_for(s.gate.drain(), WAIT)
+
+
+async def test_one_flush_is_scheduled_per_batch() -> None:
+    s = Setup()
+    loop = asyncio.get_running_loop()
+    calls = 0
+    call_soon = loop.call_soon
+
+    def counting(callback: Callable[..., object], *args: Any, **kwargs: Any) -> asyncio.Handle:
+        nonlocal calls
+        calls += 1
+        return call_soon(callback, *args, **kwargs)
+
+    loop.call_soon = counting  # type: ignore[method-assign, assignment]
+    try:
+        s.reply(b"r1")
+        s.push(b"p1")
+        s.reply(b"r2")
+        s.gate.poke()
+        assert calls == 1
+    finally:
+        del loop.call_soon
+    await turns()
+    assert len(s.store.commits) == 1 and s.gate.batches == 1
+
+
+async def test_a_frame_held_as_an_fsync_ends_still_leaves_after_that_fsyncs_frames() -> None:
+    # The fsync's future is done, its callbacks not yet run, and a flush is due first:
+    # the frame must not overtake the replies that fsync releases (one connection's
+    # replies in order).
+    s = Setup()
+    s.reply(b"r1")
+    await turns()
+    s.gate.hold(s.deliver, b"r2")  # no change of its own; a flush is scheduled
+    s.store.fsyncs[0].set_result(None)  # its callbacks go after that flush
+    await turns()
+    assert s.out == [b"r1", b"r2"]
