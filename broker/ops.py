@@ -177,8 +177,13 @@ def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
 
 
 def enqueue(conn: Peer, f: dict[str, Any]) -> Result:
-    conn.broker.check_queue_name(f["queue"], "queue")
-    job = _enqueue(f["queue"], _payload(conn, f["payload"], "payload"), f)
+    try:
+        payload = _payload(conn, f["payload"], "payload")
+    except WireError:
+        conn.broker.check_queue_name(f["queue"], "queue")  # a bad name is named first
+        raise
+    # (The backend checks the name: a known queue's costs a dict look-up, not a match.)
+    job = _enqueue(f["queue"], payload, f)
     (job_id,) = ready(conn.broker.backend.enqueue([job]))
     if isinstance(job_id, Exception):
         raise job_id  # (the connection answers invalid_argument, or internal for a bug)
@@ -220,12 +225,13 @@ def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
         try:
             job = check_entry(_EACH_JOBS, item, i)
             try:
-                check_queue_name(job["queue"])
                 payload = RawJSON(encode_payload(job["payload"], max_bytes=limit))
-            except InvalidArgument as exc:  # a bad queue name
-                results.append(_refused(exc, i))
-                continue
             except WireError as exc:  # the payload: its path is made only when it failed
+                try:
+                    check_queue_name(job["queue"])  # a bad name is named first
+                except InvalidArgument as bad_name:
+                    results.append(_refused(bad_name, i))
+                    continue
                 raise _within(exc, f"jobs[{i}]") from None
         except WireError as exc:
             results.append({"error": exc.error_object()})

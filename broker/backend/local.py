@@ -171,31 +171,13 @@ class LocalBackend:
 
     def enqueue(self, jobs: Sequence[Enqueue]) -> Ready[list[str | Exception]]:
         self._check()
-        table = self.table
-        results: list[str | Exception] = []
-        touched: set[str] = set()
-        for job in jobs:
-            try:
-                job_id = table.queue(job.queue).enqueue(
-                    job.payload,
-                    priority=job.priority,
-                    delay_s=job.delay_s,
-                    run_at=job.run_at,
-                    expires_s=job.expires_s,
-                    visibility_timeout_s=job.visibility_timeout_s,
-                    max_attempts=job.max_attempts,
-                    backoff_base_s=job.backoff_base_s,
-                    key=job.key,
-                )
-            except InvalidArgument as exc:
-                results.append(exc)
-                continue
-            except Exception as exc:  # our bug, not the caller's: this job only
-                log.exception("internal error enqueueing a job")
-                results.append(exc)
-                continue
-            results.append(job_id)
-            touched.add(job.queue)
+        results = self.table.enqueue_each(jobs)
+        touched = set()
+        for job, result in zip(jobs, results, strict=True):
+            if isinstance(result, str):
+                touched.add(job.queue)
+            elif not isinstance(result, InvalidArgument):  # our bug, not the caller's
+                log.error("internal error enqueueing a job", exc_info=result)
         if touched:
             self._changed()
             self._tell_work(frozenset(touched))

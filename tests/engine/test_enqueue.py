@@ -727,3 +727,27 @@ def test_a_key_of_1024_characters_and_one_outside_ascii_are_kept(table: JobTable
     for key in ("k" * 1024, "clé-ü-\U0001f600"):
         job = q.get_job(q.enqueue(1, key=key))
         assert job is not None and job.key == key
+
+
+def test_enqueue_each_takes_each_job_on_its_own_at_one_instant(table: JobTable) -> None:
+    # (queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
+    #  max_attempts, backoff_base_s, key): enqueue's options, in its order.
+    plain = (None, None, None, None, None, None, None)
+    results = table.enqueue_each(
+        [
+            ("a", 1, 0, *plain),
+            ("a", 2, 0, -1.0, *plain[1:]),  # a negative delay: this job alone is refused
+            ("bad name!", 3, 0, *plain),
+            ("b", 4, 5, 10.0, *plain[1:]),
+            ("a", 5, 0, *plain[:-1], "k"),
+            ("a", 6, 0, *plain[:-1], "k"),  # the key the job before took
+        ]
+    )
+    first, bad_delay, bad_queue, delayed, keyed, same = results
+    assert isinstance(bad_delay, InvalidArgument) and bad_delay.field == "delay_s"
+    assert isinstance(bad_queue, InvalidArgument) and bad_queue.field == "queue"
+    assert isinstance(first, str) and isinstance(delayed, str) and keyed == same
+    assert table.queues() == ["a", "b"]  # made on first use; nothing for the refused name
+    job = table.get_job(delayed)
+    assert job is not None and job.priority == 5 and job.ready_at == job.enqueued_at + 10.0
+    assert table.queue("a").stats().ready == 2
