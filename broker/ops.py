@@ -238,21 +238,23 @@ def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
             continue
         results.append(None)  # filled in from the backend's answer below
         batch.append(_enqueue(job["queue"], payload, job))
-    answers = iter(ready(conn.broker.backend.enqueue(batch)))
-    out: list[dict[str, Any]] = []
-    for i, result in enumerate(results):
-        if result is None:
-            answer = next(answers)
-            if isinstance(answer, InvalidArgument):
-                # An option out of range fails that job alone, as it would have on its own.
-                result = _refused(answer, i)
-            elif isinstance(answer, Exception):
-                # Our bug, not the peer's (logged by the backend): this job only.
-                result = {"error": WireError(ErrorCode.INTERNAL, "internal error").error_object()}
-            else:
-                result = {"id": answer}
-        out.append(result)
+    answers = ready(conn.broker.backend.enqueue(batch))
+    if len(answers) == len(results):  # every job reached the backend (the usual case)
+        return {"results": [_answer(answer, i) for i, answer in enumerate(answers)]}
+    each = iter(answers)
+    out = [_answer(next(each), i) if result is None else result for i, result in enumerate(results)]
     return {"results": out}
+
+
+def _answer(answer: str | Exception, i: int) -> dict[str, Any]:
+    """The ``enqueue_each`` result of job ``i`` from the backend's answer for it."""
+    if answer.__class__ is str:
+        return {"id": answer}
+    if isinstance(answer, InvalidArgument):
+        # An option out of range fails that job alone, as it would have on its own.
+        return _refused(answer, i)
+    # Our bug, not the peer's (logged by the backend): this job only.
+    return {"error": WireError(ErrorCode.INTERNAL, "internal error").error_object()}
 
 
 def get_job(conn: Peer, f: dict[str, Any]) -> Result:

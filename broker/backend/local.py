@@ -172,12 +172,12 @@ class LocalBackend:
     def enqueue(self, jobs: Sequence[Enqueue]) -> Ready[list[str | Exception]]:
         self._check()
         results = self.table.enqueue_each(jobs)
-        touched = set()
-        for job, result in zip(jobs, results, strict=True):
-            if isinstance(result, str):
-                touched.add(job.queue)
-            elif not isinstance(result, InvalidArgument):  # our bug, not the caller's
-                log.error("internal error enqueueing a job", exc_info=result)
+        # (A refused job's queue too: being told of work that is not there costs a look.)
+        touched = {job.queue for job in jobs}
+        if not all(result.__class__ is str for result in results):
+            for result in results:
+                if isinstance(result, Exception) and not isinstance(result, InvalidArgument):
+                    log.error("internal error enqueueing a job", exc_info=result)
         if touched:
             self._changed()
             self._tell_work(frozenset(touched))
