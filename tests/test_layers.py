@@ -104,7 +104,8 @@ def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> Non
     # The engine (its rules and guards), the store's error, the scheduler, the backend
     # interface, the egress gate, and psycopg: no commit gate (every call commits itself).
     allowed = ("broker.engine", "broker.store", "broker.scheduler", "broker.backend._base",
-               "broker.backend._pg_schema", "broker.egress")  # fmt: skip
+               "broker.backend._listeners", "broker.backend._pg_schema",
+               "broker.egress")  # fmt: skip
     for module in imports(ROOT / "broker/backend" / name):
         if module.startswith("broker."):
             assert module.startswith(allowed), f"{name}: {module}"

@@ -34,6 +34,7 @@ from ..engine import (
 from ..scheduler import Handle, Scheduler
 from ..store import Store, StoreError
 from ._base import Backend, Claim, Claimed, Enqueue, Listener, Ready, Report
+from ._listeners import Listeners
 
 __all__ = ["LocalBackend"]
 
@@ -81,7 +82,7 @@ class LocalBackend:
             )
             self.gate = self.commit_gate
         self._settling: set[asyncio.Future[None]] = set()
-        self._listeners: list[Listener] = []
+        self._listeners = Listeners()
         self._timer: Handle | None = None
         self._timer_at: float | None = None
         self._rearm_soon = False
@@ -95,7 +96,7 @@ class LocalBackend:
         return self._scheduler.now()
 
     def listen(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def _check(self) -> None:
         if self.failed is not None:
@@ -118,21 +119,6 @@ class LocalBackend:
                 future.set_exception(exc)
         self._settling.clear()
         self._on_failure(exc)
-
-    def _tell_work(self, queues: frozenset[str] | None) -> None:
-        if queues is None or queues:
-            self._tell(lambda listener: listener.work_waiting(queues))
-
-    def _tell_cancelled(self, ids: list[str]) -> None:
-        if ids:
-            self._tell(lambda listener: listener.cancelled(ids))
-
-    def _tell(self, news: Callable[[Listener], None]) -> None:
-        for listener in self._listeners:
-            try:
-                news(listener)
-            except Exception:  # one listener's bug must not keep news from the others
-                log.exception("a listener failed")
 
     # -- time ------------------------------------------------------------------------------
 
@@ -165,7 +151,7 @@ class LocalBackend:
             self.gate.poke()
         self._arm_timer()
         # Which queues gained claimable jobs is not known without asking each one.
-        self._tell_work(None)
+        self._listeners.work_waiting(None)
 
     # -- the job table -----------------------------------------------------------------------
 
@@ -180,14 +166,14 @@ class LocalBackend:
                     log.error("internal error enqueueing a job", exc_info=result)
         if touched:
             self._changed()
-            self._tell_work(frozenset(touched))
+            self._listeners.work_waiting(frozenset(touched))
         return Ready(results)
 
     def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> Ready[list[str]]:
         self._check()
         ids = self.table.queue(queue).enqueue_batch(jobs)
         self._changed()
-        self._tell_work(frozenset([queue]))
+        self._listeners.work_waiting(frozenset([queue]))
         return Ready(ids)
 
     def claim(
@@ -258,7 +244,7 @@ class LocalBackend:
                 continue
             results.append(landed)
         self._changed()
-        self._tell_work(frozenset(requeued))
+        self._listeners.work_waiting(frozenset(requeued))
         return Ready(results)
 
     def heartbeat(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
@@ -280,7 +266,7 @@ class LocalBackend:
             if ok and name is not None:
                 freed.add(name)
         self._changed()
-        self._tell_work(frozenset(freed))
+        self._listeners.work_waiting(frozenset(freed))
         return Ready(landed)
 
     def reattach(
@@ -307,7 +293,7 @@ class LocalBackend:
         table = self.table
         done = [table.cancel(job_id) for job_id in ids]
         self._changed()
-        self._tell_cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
+        self._listeners.cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return Ready(done)
 
     def get_jobs(self, ids: Sequence[str]) -> Ready[list[Job | None]]:
@@ -337,7 +323,7 @@ class LocalBackend:
             return Ready(False)
         self.table.queue(queue).resume()
         self._changed()
-        self._tell_work(frozenset([queue]))
+        self._listeners.work_waiting(frozenset([queue]))
         return Ready(True)
 
     def redrive(self, ids: Sequence[str]) -> Ready[list[bool]]:
@@ -352,7 +338,7 @@ class LocalBackend:
             if name is not None:
                 requeued.add(name)
         self._changed()
-        self._tell_work(frozenset(requeued))
+        self._listeners.work_waiting(frozenset(requeued))
         return Ready(done)
 
     def purge_dead(self, queue: str) -> Ready[int | None]:

@@ -51,6 +51,7 @@ from ..engine import _guards as guard
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
 from ._base import Backend, Claim, Claimed, Enqueue, Listener, Report
+from ._listeners import Listeners
 from ._pg_schema import migrate
 
 __all__ = ["PostgresBackend"]
@@ -315,7 +316,7 @@ class PostgresBackend:
             clock=scheduler.now, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes
         )
         self._lock = asyncio.Lock()
-        self._listeners: list[Listener] = []
+        self._listeners = Listeners()
         self._timer: Handle | None = None
         self._timer_at: float | None = None
         # When the timer fired, while the sweep it asks for has not run.
@@ -377,7 +378,7 @@ class PostgresBackend:
         return self._scheduler.now()
 
     def listen(self, listener: Listener) -> None:
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def _check(self) -> None:
         if self.failed is not None:
@@ -410,21 +411,6 @@ class PostgresBackend:
                 raise self._fail(exc) from exc
             return result
 
-    def _tell_work(self, queues: frozenset[str] | None) -> None:
-        if queues is None or queues:
-            self._tell(lambda listener: listener.work_waiting(queues))
-
-    def _tell_cancelled(self, ids: list[str]) -> None:
-        if ids:
-            self._tell(lambda listener: listener.cancelled(ids))
-
-    def _tell(self, news: Callable[[Listener], None]) -> None:
-        for listener in self._listeners:
-            try:
-                news(listener)
-            except Exception:  # one listener's bug must not keep news from the others
-                log.exception("a listener failed")
-
     def _id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
 
@@ -456,10 +442,10 @@ class PostgresBackend:
                     continue  # this backend's own change: its call told the listeners
                 kind, _, what = note.payload.partition(":")
                 if kind == "w":
-                    self._tell_work(frozenset([what]))
+                    self._listeners.work_waiting(frozenset([what]))
                     self._refresh_timer()  # the change may have brought an event nearer
                 elif kind == "c":
-                    self._tell_cancelled([self._id(int(what))])
+                    self._listeners.cancelled([self._id(int(what))])
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the main connection's next call finds the failure too
@@ -507,7 +493,7 @@ class PostgresBackend:
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_when_due())
         # Which queues gained claimable jobs is not known without asking each one.
-        self._tell_work(None)
+        self._listeners.work_waiting(None)
 
     async def _sweep_when_due(self) -> None:
         try:
@@ -803,7 +789,7 @@ class PostgresBackend:
             out.append(result)
             if isinstance(result, str):
                 touched.add(item.queue)
-        self._tell_work(frozenset(touched))
+        self._listeners.work_waiting(frozenset(touched))
         return out
 
     async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
@@ -828,7 +814,7 @@ class PostgresBackend:
         ids = await self._call(work, changes=True)
         if refused:
             raise refused[0]
-        self._tell_work(frozenset([queue]))
+        self._listeners.work_waiting(frozenset([queue]))
         return ids
 
     async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:
@@ -1027,7 +1013,7 @@ class PostgresBackend:
             return results
 
         results = await self._call(work, changes=True)
-        self._tell_work(frozenset(requeued))
+        self._listeners.work_waiting(frozenset(requeued))
         return results
 
     async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
@@ -1038,7 +1024,7 @@ class PostgresBackend:
         landed, freed = await self._by_lease(_LAPSE, leases)
         # A second lapse of one lease finds it lapsed already (HND-1): the first lands.
         landed = _first(landed, leases)
-        self._tell_work(frozenset(freed))
+        self._listeners.work_waiting(frozenset(freed))
         return landed
 
     async def _reattach(
@@ -1070,7 +1056,7 @@ class PostgresBackend:
 
         rows = await self._call(work, changes=True)
         done = _once({self._id(row[0]) for row in rows}, ids)
-        self._tell_cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
+        self._listeners.cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return done
 
     async def _get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
@@ -1187,7 +1173,7 @@ class PostgresBackend:
 
         resumed = await self._call(work, changes=True)
         if resumed:
-            self._tell_work(frozenset([queue]))
+            self._listeners.work_waiting(frozenset([queue]))
         return resumed
 
     async def _redrive(self, ids: Sequence[str]) -> list[bool]:
@@ -1201,7 +1187,7 @@ class PostgresBackend:
 
         rows = await self._call(work, changes=True)
         done = _once({self._id(row[0]) for row in rows}, ids)
-        self._tell_work(frozenset(row[1] for row in rows))
+        self._listeners.work_waiting(frozenset(row[1] for row in rows))
         return done
 
     async def _purge_dead(self, queue: str) -> int | None:
