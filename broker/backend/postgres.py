@@ -741,7 +741,7 @@ class PostgresBackend:
         """The engine's check and resolution of one job's options against its queue's
         (ENQ-2 to ENQ-9), and the queue's ``backoff_max_s``."""
         queue = self._rules.queue(name, opts)
-        resolved: tuple[Any, ...] = queue._resolve(
+        resolved: tuple[Any, ...] = queue.resolve(
             job.payload,
             job.priority,
             job.delay_s,

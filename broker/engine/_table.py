@@ -319,9 +319,9 @@ class Queue:
         id and change nothing. Raises ``InvalidArgument`` (nothing changed) for a bad
         argument; every guard runs before the key is looked at.
         """
-        # (The options go to _resolve as they are: building a NewJob first cost as much
+        # (The options go to resolve as they are: building a NewJob first cost as much
         # as the rest of an enqueue.)
-        resolved = self._resolve(
+        resolved = self.resolve(
             payload,
             priority,
             delay_s,
@@ -347,7 +347,7 @@ class Queue:
                 raise InvalidArgument(f"jobs[{index}]", "must be a NewJob")
             try:
                 resolved.append(
-                    self._resolve(
+                    self.resolve(
                         spec.payload,
                         spec.priority,
                         spec.delay_s,
@@ -364,7 +364,7 @@ class Queue:
         now = self._table._now()
         return [self._insert(item, now) for item in resolved]
 
-    def _resolve(
+    def resolve(
         self,
         payload: Any,
         priority: Any,
@@ -376,8 +376,12 @@ class Queue:
         backoff_base_s: Any,
         key: Any,
     ) -> tuple[Any, ...]:
-        """Check every option of one job and resolve it against the queue's (no change:
-        ENQ-2, ENQ-7)."""
+        """Check every option of one job and resolve it against the queue's, as an enqueue
+        would store it; changes nothing (ENQ-2 to ENQ-9). Returns ``(payload bytes,
+        priority, delay_s, run_at, expires_s, visibility_timeout_s, max_attempts,
+        backoff_base_s, key)``, the queue's defaults filled in. Raises ``InvalidArgument``.
+        A backend that stores jobs elsewhere (PostgreSQL) resolves them here too, so that
+        the rules stay in one place."""
         opts = self._opts
         prio = guard.priority(priority)
         # (Each unset option is tested here rather than in guard.optional: most jobs set
@@ -975,7 +979,7 @@ class JobTable:
                 queue = queues.get(name) if type(name) is str else None
                 if queue is None:
                     queue = self.queue(name)
-                out.append(queue._insert(queue._resolve(*job[1:]), now))
+                out.append(queue._insert(queue.resolve(*job[1:]), now))
             except Exception as exc:  # InvalidArgument, or a bug that must stay this job's
                 out.append(exc)
         return out

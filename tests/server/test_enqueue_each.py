@@ -108,14 +108,14 @@ async def test_an_empty_frame_is_answered_with_no_results(client: ClientFactory)
 async def test_our_bug_in_one_job_answers_internal_for_it_alone(
     client: ClientFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    resolve = Queue._resolve
+    resolve = Queue.resolve
 
     def flaky(self: Queue, payload: Any, *options: Any) -> tuple[Any, ...]:
         if payload.data == b'"boom"':
             raise RuntimeError("a bug of ours")
         return resolve(self, payload, *options)
 
-    monkeypatch.setattr(Queue, "_resolve", flaky)
+    monkeypatch.setattr(Queue, "resolve", flaky)
     publisher = await client()
     jobs = [{"queue": "bug", "payload": p} for p in ("a", "boom", "b")]
     results = (await publisher.call("enqueue_each", jobs=jobs))["results"]
