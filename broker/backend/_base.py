@@ -120,10 +120,10 @@ class Enqueue(NamedTuple):
     key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     """A worker's request for up to ``n`` jobs of ``queues``, taken in that order (an
-    earlier queue's claimable job always goes first: the strict order of ``subscribe``)."""
+    earlier queue's claimable job always goes first: the strict order of ``subscribe``).
+    A named tuple: a dispatch pass makes one per hungry worker."""
 
     worker_id: str
     queues: tuple[str, ...]
