@@ -35,6 +35,7 @@ from broker.server import running_broker
 from broker.transport import Server, Socket
 
 from .conftest import WAIT
+from .test_bad_input import masked_frame as masked
 
 _KEY = base64.b64encode(b"0123456789abcdef").decode()
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -42,20 +43,6 @@ REQUEST = (
     "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
     f"Sec-WebSocket-Key: {_KEY}\r\nSec-WebSocket-Version: 13\r\n\r\n"
 ).encode()
-
-
-def masked(opcode: int, payload: bytes, *, fin: bool = True) -> bytes:
-    """A client's frame as RFC 6455 lays it out (7-, 16- or 64-bit length, masked)."""
-    mask = b"\x37\xfa\x21\x3d"
-    n = len(payload)
-    head = bytes([(0x80 if fin else 0) | opcode])
-    if n < 126:
-        head += bytes([0x80 | n])
-    elif n < 65536:
-        head += bytes([0x80 | 126]) + n.to_bytes(2, "big")
-    else:
-        head += bytes([0x80 | 127]) + n.to_bytes(8, "big")
-    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
 def frames(data: bytes) -> list[tuple[int, bytes]]:
