@@ -19,6 +19,7 @@ import gc
 import logging
 import resource
 import sys
+import urllib.parse
 from collections.abc import Sequence
 
 from sdk._cli import add_client_commands
@@ -85,7 +86,10 @@ def _serve(args: argparse.Namespace) -> int:
         # docs/benchmarks.md, "Why the code is shaped this way").
         gc.set_threshold(10_000, 10, 10)
         gc.enable()
-        where = f"sqlite {config.db_path}" if config.store == "sqlite" else config.store
+        where = {
+            "sqlite": f"sqlite {config.db_path}",
+            "postgres": f"postgres {_without_password(config.db_path)}",
+        }.get(config.store, config.store)
         print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
 
     try:
@@ -104,6 +108,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
     return 0 if failed is None else EXIT_STORE_FAILED
+
+
+def _without_password(url: str) -> str:
+    """``url`` as it may be printed: a password in it replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
 def build_parser() -> argparse.ArgumentParser:

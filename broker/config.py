@@ -99,11 +99,16 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add("--port", type=int, help="port to bind, 0 for any free one (CONVEYOR_PORT; 8765)")
     add(
         "--store",
-        choices=["sqlite", "memory"],
-        help="where the job table lives: sqlite (durable, the default) or memory "
-        "(fast, forgets everything at exit) (CONVEYOR_STORE)",
+        choices=["sqlite", "memory", "postgres"],
+        help="where the job table lives: sqlite (durable, the default), memory "
+        "(fast, forgets everything at exit) or postgres (a database several brokers "
+        "may share; implied by a postgresql:// --db) (CONVEYOR_STORE)",
     )
-    add("--db", help="the SQLite file (CONVEYOR_DB; default conveyor.db)")
+    add(
+        "--db",
+        help="the SQLite file, or a postgresql://user@host/dbname URL for a table "
+        "shared by several brokers (CONVEYOR_DB; default conveyor.db)",
+    )
     add(
         "--sync",
         choices=["full", "normal"],
@@ -209,11 +214,15 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if env_hosts:
         allowed_hosts += [h.strip() for h in env_hosts.split(",") if h.strip()]
     queues_file = _pick(args.queues, "QUEUES", str, None)
+    db_path = _pick(args.db, "DB", str, "conveyor.db")
+    store = _pick(args.store, "STORE", str, None)
+    if store is None:
+        store = "postgres" if is_postgres_url(db_path) else "sqlite"
     config = Config(
         host=_pick(args.host, "HOST", str, "127.0.0.1"),
         port=_pick(args.port, "PORT", int, 8765),
-        store=_pick(args.store, "STORE", str, "sqlite"),
-        db_path=_pick(args.db, "DB", str, "conveyor.db"),
+        store=store,
+        db_path=db_path,
         sync=_pick(args.sync, "SYNC", str, "full"),
         accept_loss=_pick(args.accept_loss, "ACCEPT_LOSS", _yes, False),
         tokens=_tokens(args),
@@ -241,10 +250,24 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return config
 
 
+def is_postgres_url(db: str) -> bool:
+    """Whether ``--db`` names a PostgreSQL database rather than a SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
 def check(config: Config) -> None:
     """Raise ``ConfigError`` for a setting out of range."""
-    if config.store not in ("sqlite", "memory"):
-        raise ConfigError(f"store: unknown store {config.store!r} (choose: sqlite, memory)")
+    if config.store not in ("sqlite", "memory", "postgres"):
+        raise ConfigError(
+            f"store: unknown store {config.store!r} (choose: sqlite, memory, postgres)"
+        )
+    if config.store == "postgres" and not is_postgres_url(config.db_path):
+        raise ConfigError(
+            f"db: the postgres store needs a postgresql://user@host/dbname URL, "
+            f"got {config.db_path!r}"
+        )
+    if config.store == "sqlite" and is_postgres_url(config.db_path):
+        raise ConfigError("db: a postgresql:// URL is a PostgreSQL database: drop --store sqlite")
     if config.sync not in ("full", "normal"):
         raise ConfigError(f"sync: must be full or normal, got {config.sync!r}")
     if not 0 <= config.port <= 65535:

@@ -38,13 +38,15 @@ from sdk._wire import (
 )
 
 from .auth import TokenSlots, bearer
+from .backend import Pending
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Gate, Out, Wait, wait_for
 from .engine import InvalidArgument
 from .feed import Feed
-from .ops import HANDLERS
+from .ops import HANDLERS, Result
 from .ops import Broker as OpsBroker
+from .store import StoreError
 from .transport import Socket
 
 __all__ = ["Connection", "Hub", "Socket"]
@@ -53,6 +55,10 @@ log = logging.getLogger("conveyor")
 
 # Frames handed to the socket in one write, at most (see Connection._write_some).
 _WRITE_BATCH_BYTES = 256 * 1024
+
+# A place in a connection's order of frames, for a reply still to come: what to do when
+# its turn comes (queue its frame), or ``None`` until its result is there.
+_Slot = list[Callable[[], None] | None]
 
 # Errors that count toward closing a peer that keeps sending garbage.
 _GARBAGE = frozenset({ErrorCode.BAD_JSON, ErrorCode.BAD_FRAME, ErrorCode.UNKNOWN_OP})
@@ -101,6 +107,10 @@ class Connection:
         self._high_water = max(1, broker.config.max_outbox_frames // 2)
         # A close to start once the error reply of the frame being handled is queued.
         self._close_after_reply: tuple[int, str] | None = None
+        # Replies still to come (a backend that answers later), oldest first, and every
+        # frame made after the oldest of them: frames leave in the order they were made.
+        self._later: deque[_Slot] = deque()
+        self._releasing = False
         config = broker.config
         header_token = bearer(ws.request.headers) if ws.request is not None else None
         self.roles: frozenset[Role] = frozenset()
@@ -155,6 +165,9 @@ class Connection:
         """Queue ``frame`` for the writer once what it waits for is met (``egress``: the
         one table of waits); never blocks. Drops a peer that stopped reading."""
         if self._closing:
+            return
+        if self._later and not self._releasing:
+            self._later.append([lambda: self.emit(out, frame)])  # behind a reply to come
             return
         data = encode(frame)
         wait = wait_for(out, self._early_pushes)
@@ -234,6 +247,8 @@ class Connection:
         """Everything queued has gone to the socket and the socket takes more."""
         if self._unsent >= self._max_unsent:
             return  # still held in the commit gate: its release calls this again
+        if len(self._later) >= self._high_water:
+            return  # replies still to come: their release calls this again
         self.ws.release()  # reading again, if it was held
         sub = self.subscription
         if sub is not None and sub.congested:
@@ -276,6 +291,12 @@ class Connection:
             return
         self._ending = True
         assert wait_for(Out.CLOSE, self._early_pushes) is Wait.DURABLE
+        if self._later and not self._releasing:  # behind the replies still to come
+            self._later.append([lambda: self._hold_close(code, reason)])
+        else:
+            self._hold_close(code, reason)
+
+    def _hold_close(self, code: int, reason: str) -> None:
         self._gate.hold(lambda _: self._begin_close(code, reason), b"")
 
     def _begin_close(self, code: int, reason: str) -> None:
@@ -370,7 +391,11 @@ class Connection:
         # requests already read (one read can hold thousands) wait too: handled now, their
         # replies alone could overflow the outbox, or fill memory (a pipelined get_job
         # of a large job is a large reply from a small request).
-        if len(self._outbox) >= self._high_water or self._unsent >= self._max_unsent:
+        if (
+            len(self._outbox) >= self._high_water
+            or self._unsent >= self._max_unsent
+            or len(self._later) >= self._high_water
+        ):
             self.ws.hold()
 
     async def _auth_deadline(self) -> None:
@@ -394,27 +419,63 @@ class Connection:
             if self.broker.closing:
                 raise WireError(ErrorCode.UNAVAILABLE, "the broker is shutting down")
             fields = validate_fields(spec, frame, rid=rid, max_batch=self.broker.config.max_batch)
-            result = HANDLERS[spec.op](self, fields)
-        except WireError as exc:
-            if exc.rid is None:
-                exc.rid = rid
-            self._refuse(exc)
+            reply = HANDLERS[spec.op](self, fields)
+            if reply is None or isinstance(reply, dict):
+                result = reply
+            elif reply.done():
+                result = reply.result()
+            else:
+                self._answer_later(spec.op, rid, reply)
+                return
+        except Exception as exc:
+            self._refuse(_wire_error(exc, rid))
             return
-        except InvalidArgument as exc:
-            self._refuse(WireError(ErrorCode(exc.code), str(exc), exc.field, rid=rid))
-            return
-        except Exception:
-            # Our bug, not the peer's: log it whole, tell the peer nothing but "internal".
-            log.exception("internal error handling a frame")
-            self._refuse(WireError(ErrorCode.INTERNAL, "internal error", rid=rid))
-            return
+        self._answered(spec.op, rid, result)
+
+    def _answered(self, op: Op, rid: Any, result: Result) -> None:
         self._bad_in_a_row = 0
-        if spec.op is Op.SUBSCRIBE:
+        if op is Op.SUBSCRIBE:
             self._answer_subscribe(rid, result)
         elif rid is not None:
             self.send(ok_reply(rid, result))
         else:
             self._gate.poke()  # a fire-and-forget change still gets committed
+
+    def _answer_later(self, op: Op, rid: Any, reply: Pending[Result]) -> None:
+        """Keep this reply's place: it, and every frame made after it, leave once its
+        result has come (the backend answers calls in the order they were made)."""
+        slot: _Slot = [None]
+        self._later.append(slot)
+
+        def done(came: Pending[Result]) -> None:
+            try:
+                result = came.result()
+            except BaseException as exc:
+                error = _wire_error(exc, rid)
+                slot[0] = lambda: self._refuse(error)
+            else:
+                slot[0] = lambda: self._answered(op, rid, result)
+            self._release_later()
+
+        reply.add_done_callback(done)
+
+    def _release_later(self) -> None:
+        """Queue the frames whose turn has come: those up to the first reply to come."""
+        later = self._later
+        if self._releasing:
+            return  # (a frame queued in the loop below came back here)
+        self._releasing = True
+        try:
+            while later:
+                then = later[0][0]
+                if then is None:
+                    break
+                later.popleft()
+                then()
+        finally:
+            self._releasing = False
+        if self.ws.holding and not self._outbox and len(later) < self._high_water:
+            self._drained()  # nothing more was queued: reading again, if it waited on these
 
     def _answer_subscribe(self, rid: Any, result: dict[str, Any] | None) -> None:
         if rid is None:
@@ -445,3 +506,21 @@ class Connection:
         if self.token is not None:
             self.broker.tokens.release(self.token)
             self.token = None
+
+
+def _wire_error(exc: BaseException, rid: Any) -> WireError:
+    """The error reply for what handling a request raised."""
+    if isinstance(exc, WireError):
+        if exc.rid is None:
+            exc.rid = rid
+        return exc
+    if isinstance(exc, InvalidArgument):
+        return WireError(ErrorCode(exc.code), str(exc), exc.field, rid=rid)
+    if isinstance(exc, StoreError):
+        # The job table cannot answer now (its database is unreachable): nothing is
+        # confirmed that did not happen, and the peer may try again.
+        log.warning("a request failed: %s", exc)
+        return WireError(ErrorCode.UNAVAILABLE, "the job table is unavailable; try again", rid=rid)
+    # Our bug, not the peer's: log it whole, tell the peer nothing but "internal".
+    log.error("internal error handling a frame", exc_info=exc)
+    return WireError(ErrorCode.INTERNAL, "internal error", rid=rid)

@@ -24,6 +24,10 @@ A pass serves, in this order:
    ``round_robin``), until the queue runs dry or nobody waits. A worker is always
    filled from its own ordered list, so an earlier queue's job still goes first.
 
+A backend that answers later (a database server) is served the same way: a claim's
+result is handed out when it comes, and until then the slots it asked for are
+reserved (``Subscription.claiming``), so that no later pass claims them again.
+
 Hungry workers wait in one ordered set per queue, so a pass costs O(jobs handed out
 + queues touched), never O(connected workers): 10,000 idle workers cost nothing
 until work arrives. Timed events (a delayed job maturing, a lease lapsing) are the
@@ -42,11 +46,12 @@ from typing import Any
 
 from sdk._wire import cancelled_push, jobs_push, pushed_job
 
-from .backend import Backend, Claim, Claimed, ready
+from .backend import Backend, Claim, Claimed, Pending, Ready, then
 from .egress import Out
+from .engine import SweepResult
 from .scheduler import Handle, Scheduler
 
-__all__ = ["Dispatcher", "Subscription"]
+__all__ = ["Dispatcher", "Subscription", "logged"]
 
 log = logging.getLogger("conveyor.dispatch")
 
@@ -59,6 +64,7 @@ class Subscription:
     """One worker connection's subscription: its queues, its window, its leases."""
 
     __slots__ = (
+        "claiming",
         "congested",
         "emit",
         "flush",
@@ -90,10 +96,12 @@ class Subscription:
         self.in_flight: dict[str, str] = {}  # lease -> job id
         # Its connection has too many bytes unsent: it gets nothing until they are out.
         self.congested = False
+        # Slots asked for in claims (or re-attaches) whose result has not come yet.
+        self.claiming = 0
 
     @property
     def free(self) -> int:
-        return self.prefetch - len(self.in_flight)
+        return self.prefetch - len(self.in_flight) - self.claiming
 
     def __repr__(self) -> str:
         return f"<Subscription {self.worker_id} {len(self.in_flight)}/{self.prefetch}>"
@@ -107,10 +115,20 @@ class Dispatcher:
     loop's, for a ``LoopScheduler``). It listens to ``backend`` from the start.
     """
 
-    def __init__(self, backend: Backend, *, grace_s: float, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        grace_s: float,
+        scheduler: Scheduler,
+        lapse_orphans: bool = True,
+    ) -> None:
+        """``lapse_orphans``: a dropped worker's leases lapse after ``grace_s`` unless it
+        re-attaches them (else they run to their deadline, like a silent worker's)."""
         self.backend = backend
         backend.listen(self)
         self.grace_s = grace_s
+        self._lapse_orphans = lapse_orphans
         self._scheduler = scheduler
         self._waiting: dict[str, dict[Subscription, None]] = {}
         self._hungry: dict[Subscription, None] = {}
@@ -127,19 +145,42 @@ class Dispatcher:
         self.push_latency: Callable[[list[float]], None] | None = None
         # Push a full window in frames of half the prefetch (see _push).
         self.split_windows = True
+        # Jobs handed out in the pass running now, pushed at its end (see _handed).
+        self._out: dict[Subscription, list[Claimed]] | None = None
 
     # -- what the server tells the dispatcher ---------------------------------------------
 
-    def subscribe(self, sub: Subscription, leases: list[tuple[str, str]]) -> list[str]:
+    def subscribe(self, sub: Subscription, leases: list[tuple[str, str]]) -> Pending[list[str]]:
         """Register ``sub``; re-attach the ``(job id, lease)`` pairs it still holds.
 
         A lease re-attaches when its job is still held by the same ``worker_id`` under a
         valid lease (a reconnect within the grace, or after a broker restart with a
-        durable store); re-attaching counts as a heartbeat. Returns the re-attached ids.
+        durable store, or through another broker on a shared database); re-attaching
+        counts as a heartbeat. The result: the re-attached ids. Until it comes, the
+        slots of the leases offered are reserved, so that the window is never overfilled.
         """
+        for name in sub.queues:
+            self._waiting.setdefault(name, {})
+        self.subscriptions[sub] = None
+        if not leases:
+            self._set_hungry(sub)
+            return Ready([])
+        sub.claiming += len(leases)
+
+        def came(pairs: list[tuple[str, str]]) -> list[str]:
+            sub.claiming -= len(leases)
+            return self._reattached(sub, pairs)
+
+        return then(self.backend.reattach(sub.worker_id, leases), came)
+
+    def _reattached(self, sub: Subscription, pairs: list[tuple[str, str]]) -> list[str]:
+        if sub not in self.subscriptions:  # its connection ended meanwhile
+            if pairs:
+                self._orphan(sub.worker_id, {lease: job_id for job_id, lease in pairs})
+            return []
         orphans = self._orphans.get(sub.worker_id)
         reattached = []
-        for job_id, lease in ready(self.backend.reattach(sub.worker_id, leases)):
+        for job_id, lease in pairs:
             previous = self._holders.get(job_id)
             if previous is not None and previous[0] is not sub:
                 # The old connection is not known dead yet; it loses the job (and the slot).
@@ -153,9 +194,6 @@ class Dispatcher:
         if orphans is not None and not orphans[0]:
             orphans[1].cancel()
             del self._orphans[sub.worker_id]
-        for name in sub.queues:
-            self._waiting.setdefault(name, {})
-        self.subscriptions[sub] = None
         self._set_hungry(sub)
         return reattached
 
@@ -190,6 +228,8 @@ class Dispatcher:
     def _orphan(self, worker_id: str, held: dict[str, str]) -> None:
         """``held`` (lease -> job id) waits the grace for ``worker_id`` to re-attach it,
         together with what the worker left before, then lapses (at once with no grace)."""
+        if not self._lapse_orphans:
+            return
         if self.grace_s <= 0:
             self._lapse(held)
             return
@@ -318,30 +358,68 @@ class Dispatcher:
             log.exception("dispatch pass failed")
 
     def _pass(self) -> None:
-        out: dict[Subscription, list[Claimed]] = {}
-        hungry = [
-            sub for sub in self._hungry if sub.free > 0 and not sub.congested
-        ]  # (each fills from its own queues, in one call for them all)
-        self._hungry = {}
-        if hungry:
-            claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in hungry]
-            for sub, got in zip(hungry, ready(self.backend.claim(claims)), strict=True):
+        self._out = {}
+        try:
+            hungry = [
+                sub for sub in self._hungry if sub.free > 0 and not sub.congested
+            ]  # (each fills from its own queues, in one call for them all)
+            self._hungry = {}
+            if hungry:
+                self._claim(hungry, None)
+            dirty, self._dirty = self._dirty, set()
+            for name in dirty:
+                waiting = self._waiting.get(name)
+                if not waiting:
+                    continue
+                line = [sub for sub in waiting if sub.free > 0]  # (not those reserved full)
+                if line:
+                    self._claim(line, waiting)
+        finally:
+            out, self._out = self._out, None
+            self._send(out)
+
+    def _claim(self, subs: list[Subscription], line: dict[Subscription, None] | None) -> None:
+        """Claim for ``subs`` (for the waiting ``line`` of one queue, round-robin), their
+        slots reserved until the result comes; hand out what it brings."""
+        claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in subs]
+        for sub, claim in zip(subs, claims, strict=True):
+            sub.claiming += claim.n
+        pending = self.backend.claim(claims, round_robin=line is not None)
+        pending.add_done_callback(lambda came: self._handed(subs, claims, line, came))
+
+    def _handed(
+        self,
+        subs: list[Subscription],
+        claims: list[Claim],
+        line: dict[Subscription, None] | None,
+        came: Pending[list[list[Claimed]]],
+    ) -> None:
+        """A claim's result: give each subscription its jobs (pushed at the end of the
+        pass running now, or at once when the result came after its pass)."""
+        for sub, claim in zip(subs, claims, strict=True):
+            sub.claiming -= claim.n
+        try:
+            got_each = came.result()
+        except Exception as exc:  # the backend is unavailable: it says when to try again
+            log.warning("a claim failed: %s", exc)
+            got_each = [[] for _ in subs]
+        now = self._out is None
+        out: dict[Subscription, list[Claimed]] = {} if self._out is None else self._out
+        for sub, got in zip(subs, got_each, strict=True):
+            if sub not in self.subscriptions:  # its connection ended while the claim ran
                 if got:
-                    self._give(sub, got, out)
-                self._file(sub)
-        dirty, self._dirty = self._dirty, set()
-        for name in dirty:
-            waiting = self._waiting.get(name)
-            if not waiting:
+                    self._orphan(sub.worker_id, {job.lease: job.id for job in got})
                 continue
-            line = list(waiting)
-            claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in line]
-            got_each = ready(self.backend.claim(claims, round_robin=True))
-            for sub, got in zip(line, got_each, strict=True):
-                if got:
-                    self._give(sub, got, out)
-                    del waiting[sub]
-                    self._file(sub)  # back at the end of the line, or off it when full
+            if got:
+                self._give(sub, got, out)
+                if line is not None:
+                    line.pop(sub, None)  # back at the end of the line, or off it when full
+            if line is None or got:
+                self._file(sub)
+        if now:
+            self._send(out)
+
+    def _send(self, out: dict[Subscription, list[Claimed]]) -> None:
         for sub, claimed in out.items():
             self._push(sub, claimed)
         # Pushes go out now, ahead of the replies queued in the same turn: a job waiting
@@ -404,10 +482,9 @@ class Dispatcher:
             sub.emit(Out.LAST_PUSH if last else Out.PUSH, jobs_push(frame))
         self.pushed += len(handles)
 
-    def sweep(self) -> dict[str, int]:
-        """Run the backend's sweep now; returns its counts."""
-        result = ready(self.backend.sweep())
-        return {"expired": result.expired, "exhausted": result.exhausted, "purged": result.purged}
+    def sweep(self) -> Pending[dict[str, int]]:
+        """Run the backend's sweep now; its counts."""
+        return then(self.backend.sweep(), _sweep_counts)
 
     # -- grace ----------------------------------------------------------------------------
 
@@ -418,4 +495,20 @@ class Dispatcher:
 
     def _lapse(self, held: dict[str, str]) -> None:
         # The backend tells (work_waiting) which queues got their jobs back.
-        self.backend.lapse([(job_id, lease) for lease, job_id in held.items()])
+        logged(self.backend.lapse([(job_id, lease) for lease, job_id in held.items()]), "lapse")
+
+
+def _sweep_counts(done: SweepResult) -> dict[str, int]:
+    return {"expired": done.expired, "exhausted": done.exhausted, "purged": done.purged}
+
+
+def logged(pending: Pending[Any], what: str) -> None:
+    """A call whose result nobody waits for: its failure is logged, not lost."""
+
+    def came(done: Pending[Any]) -> None:
+        try:
+            done.result()
+        except Exception as exc:
+            log.warning("%s failed: %s", what, exc)
+
+    pending.add_done_callback(came)

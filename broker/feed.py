@@ -16,13 +16,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 
-from .backend import Backend, ready
+from .backend import Backend
 from .engine import QueueStats
 
 if TYPE_CHECKING:
@@ -115,6 +115,9 @@ class Feed:
         self._viewers: dict[Viewer, _Viewer] = {}
         self._rates: dict[str, _QueueRates] = {}
         self._wake = asyncio.Event()
+        # Every queue's stats at the last sample (``/metrics`` of a backend that answers
+        # later reads these rather than wait for the database).
+        self.latest: Mapping[str, QueueStats] = {}
 
     # -- viewers --------------------------------------------------------------------------
 
@@ -153,7 +156,7 @@ class Feed:
         ``watch`` is answered at once), every second otherwise (history only)."""
         while True:
             try:
-                self.tick()
+                await self.tick()
             except Exception:  # a bug here must not end the feed
                 log.exception("feed tick failed")
             self._wake.clear()
@@ -161,10 +164,10 @@ class Feed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), pause)
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         """Take a sample when one is due, then send each viewer that keeps up a snapshot."""
         now = self.clock()
-        queues = self._sample(now)
+        queues = await self._sample(now)
         if not self._viewers:
             return
         # Each viewer gets at most one snapshot per TICK_S, however often the ticker is
@@ -191,8 +194,8 @@ class Feed:
                 "queues": shared_queues,
                 "history": self._history(viewer),
                 "workers": shared_workers,
-                "job": self._job(viewer.job),
-                "dead": self._dead(viewer),
+                "job": await self._job(viewer.job),
+                "dead": await self._dead(viewer),
             }
             viewer.history_since = now
             viewer.sent_at = mono
@@ -200,10 +203,11 @@ class Feed:
 
     # -- the parts of a snapshot ----------------------------------------------------------
 
-    def _sample(self, now: float) -> dict[str, Any]:
+    async def _sample(self, now: float) -> dict[str, Any]:
         """Every queue's counts and rates; records a history sample once a second."""
         out: dict[str, Any] = {}
-        for name, stats in ready(self.backend.stats()).items():
+        self.latest = latest = await self.backend.stats()
+        for name, stats in latest.items():
             t = stats.totals
             totals = (t.enqueued, t.completed, t.retried, t.dead)
             state = self._rates.get(name)
@@ -259,13 +263,13 @@ class Feed:
             )
         return {"total": len(subs), "list": listed}
 
-    def _job(self, job_id: str | None) -> dict[str, Any] | None:
+    async def _job(self, job_id: str | None) -> dict[str, Any] | None:
         if job_id is None:
             return None
-        (job,) = ready(self.backend.get_jobs([job_id]))
+        (job,) = await self.backend.get_jobs([job_id])
         return {"id": job_id, "gone": True} if job is None else job_info(job)
 
-    def _dead(self, viewer: _Viewer) -> dict[str, Any] | None:
+    async def _dead(self, viewer: _Viewer) -> dict[str, Any] | None:
         name = viewer.dead_queue
         if name is None:
             return None
@@ -276,10 +280,11 @@ class Feed:
             "total": 0,
             "jobs": [],
         }
-        stats = ready(self.backend.stats([name])).get(name)
+        stats = (await self.backend.stats([name])).get(name)
         if stats is None:
             return page
         page["total"] = stats.dead
+        dead = await self.backend.dead_jobs(name, viewer.dead_offset, viewer.dead_limit)
         page["jobs"] = [
             {
                 "id": job.id,
@@ -290,6 +295,6 @@ class Feed:
                     :PREVIEW_CHARS
                 ],
             }
-            for job in ready(self.backend.dead_jobs(name, viewer.dead_offset, viewer.dead_limit))
+            for job in dead
         ]
         return page

@@ -28,7 +28,7 @@ from sdk._wire import (
 )
 
 from . import __version__
-from .backend import Backend, Enqueue, Report, ready
+from .backend import Backend, Enqueue, Pending, Report, then
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
@@ -86,7 +86,10 @@ class Peer(Viewer, Protocol):
 
 
 Result = dict[str, Any] | None
-Handler = Callable[[Peer, dict[str, Any]], Result]
+# A handler's reply: there at once, or to come with its backend call's result (a
+# database's answer); the connection sends each in the order the requests came.
+Reply = Result | Pending[Result]
+Handler = Callable[[Peer, dict[str, Any]], Reply]
 
 _OPTION_NAMES = (
     "priority",
@@ -176,7 +179,7 @@ def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
     )
 
 
-def enqueue(conn: Peer, f: dict[str, Any]) -> Result:
+def enqueue(conn: Peer, f: dict[str, Any]) -> Reply:
     try:
         payload = _payload(conn, f["payload"], "payload")
     except WireError:
@@ -184,19 +187,23 @@ def enqueue(conn: Peer, f: dict[str, Any]) -> Result:
         raise
     # (The backend checks the name: a known queue's costs a dict look-up, not a match.)
     job = _enqueue(f["queue"], payload, f)
-    (job_id,) = ready(conn.broker.backend.enqueue([job]))
+    return then(conn.broker.backend.enqueue([job]), _one_id)
+
+
+def _one_id(answers: list[str | Exception]) -> Result:
+    (job_id,) = answers
     if isinstance(job_id, Exception):
         raise job_id  # (the connection answers invalid_argument, or internal for a bug)
     return {"id": job_id}
 
 
-def enqueue_batch(conn: Peer, f: dict[str, Any]) -> Result:
+def enqueue_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     conn.broker.check_queue_name(f["queue"], "queue")
     jobs = [
         _new_job(_payload(conn, spec["payload"], f"jobs[{i}].payload"), spec)
         for i, spec in enumerate(f["jobs"])
     ]
-    return {"ids": ready(conn.broker.backend.enqueue_all(f["queue"], jobs))}
+    return then(conn.broker.backend.enqueue_all(f["queue"], jobs), lambda ids: {"ids": ids})
 
 
 _EACH_JOBS = OPS[Op.ENQUEUE_EACH].by_name["jobs"]
@@ -214,7 +221,7 @@ def _refused(exc: InvalidArgument, i: int) -> dict[str, Any]:
     return {"error": _within(error, f"jobs[{i}]").error_object()}
 
 
-def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
+def enqueue_each(conn: Peer, f: dict[str, Any]) -> Reply:
     """Each job on its own, in order: an id, or the error ``enqueue`` would have given,
     its field under the entry's path (``jobs[3].priority``). One bad job fails alone:
     a client coalescing independent enqueues into one frame (the SDK) relies on it."""
@@ -238,7 +245,12 @@ def enqueue_each(conn: Peer, f: dict[str, Any]) -> Result:
             continue
         results.append(None)  # filled in from the backend's answer below
         batch.append(_enqueue(job["queue"], payload, job))
-    answers = ready(conn.broker.backend.enqueue(batch))
+    return then(conn.broker.backend.enqueue(batch), lambda answers: _each(answers, results))
+
+
+def _each(answers: list[str | Exception], results: list[dict[str, Any] | None]) -> Result:
+    """``enqueue_each``'s results: the backend's ``answers`` in the places (``None``) of
+    ``results`` left for the jobs that reached it."""
     if len(answers) == len(results):  # every job reached the backend (the usual case)
         return {"results": [_answer(answer, i) for i, answer in enumerate(answers)]}
     each = iter(answers)
@@ -257,26 +269,32 @@ def _answer(answer: str | Exception, i: int) -> dict[str, Any]:
     return {"error": WireError(ErrorCode.INTERNAL, "internal error").error_object()}
 
 
-def get_job(conn: Peer, f: dict[str, Any]) -> Result:
-    (job,) = ready(conn.broker.backend.get_jobs([f["id"]]))
+def get_job(conn: Peer, f: dict[str, Any]) -> Reply:
+    return then(conn.broker.backend.get_jobs([f["id"]]), _job_reply)
+
+
+def _job_reply(jobs: list[Any]) -> Result:
+    (job,) = jobs
     return {"job": None if job is None else job_info(job)}
 
 
-def cancel(conn: Peer, f: dict[str, Any]) -> Result:
+def cancel(conn: Peer, f: dict[str, Any]) -> Reply:
     # The backend tells the dispatcher, which tells the job's holder (a cancelled push).
-    (cancelled,) = ready(conn.broker.backend.cancel([f["id"]]))
-    return {"cancelled": cancelled}
+    return then(conn.broker.backend.cancel([f["id"]]), lambda done: {"cancelled": done[0]})
 
 
-def stats(conn: Peer, f: dict[str, Any]) -> Result:
+def stats(conn: Peer, f: dict[str, Any]) -> Reply:
     name = f["queue"]
-    found = ready(conn.broker.backend.stats(None if name is None else [name]))
-    if name is not None and name not in found:
-        raise _no_queue(name)
-    return {"queues": {queue: queue_info(counts) for queue, counts in found.items()}}
+
+    def reply(found: dict[str, Any]) -> Result:
+        if name is not None and name not in found:
+            raise _no_queue(name)
+        return {"queues": {queue: queue_info(counts) for queue, counts in found.items()}}
+
+    return then(conn.broker.backend.stats(None if name is None else [name]), reply)
 
 
-def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
+def subscribe(conn: Peer, f: dict[str, Any]) -> Reply:
     broker = conn.broker
     if conn.subscription is not None:
         raise WireError(ErrorCode.CONFLICT, "subscribe: this connection is already subscribed")
@@ -295,7 +313,7 @@ def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
     for i, name in enumerate(names):  # all checked before any queue is made
         broker.check_queue_name(name, f"queues[{i}]")
     for name in names:  # made now, so that stats and the dashboard show them
-        ready(broker.backend.set_queue(name))
+        broker.backend.set_queue(name)  # (calls take effect in order: before the claims)
     sub = Subscription(
         f["worker_id"],
         names,
@@ -306,8 +324,7 @@ def subscribe(conn: Peer, f: dict[str, Any]) -> Result:
     )
     leases = [(item["id"], item["lease"]) for item in f["leases"]]
     conn.subscription = sub
-    reattached = broker.dispatcher.subscribe(sub, leases)
-    return {"reattached": reattached}
+    return then(broker.dispatcher.subscribe(sub, leases), lambda ids: {"reattached": ids})
 
 
 def unsubscribe(conn: Peer, f: dict[str, Any]) -> Result:
@@ -321,70 +338,88 @@ def _finish(conn: Peer, job_id: str, lease: str) -> None:
     conn.broker.dispatcher.finished(conn.subscription, job_id, lease)
 
 
-def ack(conn: Peer, f: dict[str, Any]) -> Result:
-    (landed,) = ready(conn.broker.backend.ack([(f["id"], f["lease"])]))
-    _finish(conn, f["id"], f["lease"])
-    return {"landed": landed}
+def ack(conn: Peer, f: dict[str, Any]) -> Reply:
+    job_id, lease = f["id"], f["lease"]
+
+    def reply(landed: list[bool]) -> Result:
+        _finish(conn, job_id, lease)
+        return {"landed": landed[0]}
+
+    return then(conn.broker.backend.ack([(job_id, lease)]), reply)
 
 
-def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Result:
+def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Reply:
     report = Report(f["id"], f["lease"], retry=retry, error=f["error"], delay_s=f.get("delay_s"))
-    (landed,) = ready(conn.broker.backend.report([report]))
-    if isinstance(landed, InvalidArgument):
-        raise landed
-    _finish(conn, f["id"], f["lease"])
-    return {"landed": landed}
+
+    def reply(answers: list[bool | InvalidArgument]) -> Result:
+        (landed,) = answers
+        if isinstance(landed, InvalidArgument):
+            raise landed
+        _finish(conn, report.id, report.lease)
+        return {"landed": landed}
+
+    return then(conn.broker.backend.report([report]), reply)
 
 
-def retry(conn: Peer, f: dict[str, Any]) -> Result:
+def retry(conn: Peer, f: dict[str, Any]) -> Reply:
     return _report(conn, f, retry=True)
 
 
-def fail(conn: Peer, f: dict[str, Any]) -> Result:
+def fail(conn: Peer, f: dict[str, Any]) -> Reply:
     return _report(conn, f, retry=False)
 
 
-def heartbeat(conn: Peer, f: dict[str, Any]) -> Result:
-    (landed,) = ready(conn.broker.backend.heartbeat([(f["id"], f["lease"])]))
-    return {"landed": landed}
+def heartbeat(conn: Peer, f: dict[str, Any]) -> Reply:
+    pending = conn.broker.backend.heartbeat([(f["id"], f["lease"])])
+    return then(pending, lambda landed: {"landed": landed[0]})
 
 
-def ack_batch(conn: Peer, f: dict[str, Any]) -> Result:
+def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
-    landed = ready(conn.broker.backend.ack(pairs))
-    conn.broker.dispatcher.finished_many(conn.subscription, pairs)
-    return {"landed": landed}
+
+    def reply(landed: list[bool]) -> Result:
+        conn.broker.dispatcher.finished_many(conn.subscription, pairs)
+        return {"landed": landed}
+
+    return then(conn.broker.backend.ack(pairs), reply)
 
 
-def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Result:
+def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
-    return {"landed": ready(conn.broker.backend.heartbeat(pairs))}
+    return then(conn.broker.backend.heartbeat(pairs), lambda landed: {"landed": landed})
 
 
-def pause(conn: Peer, f: dict[str, Any]) -> Result:
-    ready(conn.broker.backend.pause(f["queue"]))
-    return {"paused": True}
+def pause(conn: Peer, f: dict[str, Any]) -> Reply:
+    return then(conn.broker.backend.pause(f["queue"]), lambda _: {"paused": True})
 
 
-def resume(conn: Peer, f: dict[str, Any]) -> Result:
-    if not ready(conn.broker.backend.resume(f["queue"])):
-        raise _no_queue(f["queue"])
-    return {"paused": False}
+def resume(conn: Peer, f: dict[str, Any]) -> Reply:
+    name = f["queue"]
+
+    def reply(found: bool) -> Result:
+        if not found:
+            raise _no_queue(name)
+        return {"paused": False}
+
+    return then(conn.broker.backend.resume(name), reply)
 
 
-def redrive(conn: Peer, f: dict[str, Any]) -> Result:
-    (redriven,) = ready(conn.broker.backend.redrive([f["id"]]))
-    return {"redriven": redriven}
+def redrive(conn: Peer, f: dict[str, Any]) -> Reply:
+    return then(conn.broker.backend.redrive([f["id"]]), lambda done: {"redriven": done[0]})
 
 
-def purge_dead(conn: Peer, f: dict[str, Any]) -> Result:
-    purged = ready(conn.broker.backend.purge_dead(f["queue"]))
-    if purged is None:
-        raise _no_queue(f["queue"])
-    return {"purged": purged}
+def purge_dead(conn: Peer, f: dict[str, Any]) -> Reply:
+    name = f["queue"]
+
+    def reply(purged: int | None) -> Result:
+        if purged is None:
+            raise _no_queue(name)
+        return {"purged": purged}
+
+    return then(conn.broker.backend.purge_dead(name), reply)
 
 
-def sweep(conn: Peer, f: dict[str, Any]) -> Result:
+def sweep(conn: Peer, f: dict[str, Any]) -> Reply:
     return conn.broker.dispatcher.sweep()
 
 

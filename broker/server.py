@@ -15,7 +15,7 @@ import contextlib
 import logging
 import signal
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from websockets.http11 import Request, Response
@@ -24,11 +24,11 @@ from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 
 from . import __version__
 from .auth import TokenSlots
-from .backend import open_backend, ready
+from .backend import Backend, LocalBackend, open_backend
 from .config import Config
 from .connection import Connection
-from .dispatch import Dispatcher
-from .engine import InvalidArgument, check_queue_name
+from .dispatch import Dispatcher, logged
+from .engine import InvalidArgument, QueueStats, check_queue_name
 from .feed import Feed
 from .http import address, route
 from .metrics import Metrics
@@ -45,42 +45,34 @@ log = logging.getLogger("conveyor")
 class Broker:
     """The server's whole state: configuration, job table, dispatcher, connections."""
 
-    def __init__(self, config: Config, *, scheduler: Scheduler | None = None) -> None:
-        """Open the store and load the table (raises ``StoreError``); call in the loop.
-
-        ``scheduler`` gives the broker its clock and timers (by default the running loop
-        and the wall clock)."""
+    def __init__(
+        self, config: Config, backend: Backend, scheduler: Scheduler, stopped: asyncio.Event
+    ) -> None:
+        """Use ``open``: this takes the backend it opened."""
         self.config = config
-        self.scheduler: Scheduler = LoopScheduler() if scheduler is None else scheduler
-        self.clock = clock = self.scheduler.now
+        self.scheduler = scheduler
+        self.clock = clock = scheduler.now
         # Set when the broker cannot go on (its store failed): the runner stops then.
-        self.stopped = asyncio.Event()
-        # The job table, its store and its commit gate: the local backend, built once.
-        self.backend = open_backend(
-            config.store,
-            config.db_path,
-            self.scheduler,
-            max_payload_bytes=config.max_payload_bytes,
-            sync=config.sync,
-            accept_loss=config.accept_loss,
-            on_failure=lambda exc: self.stopped.set(),
-        )
-        for name, opts in config.queue_opts.items():
-            ready(self.backend.set_queue(name, opts))
+        self.stopped = stopped
+        self.backend = backend
+        local = isinstance(backend, LocalBackend)
         self.dispatcher = Dispatcher(
-            self.backend, grace_s=config.disconnect_grace_s, scheduler=self.scheduler
+            backend,
+            grace_s=config.disconnect_grace_s,
+            scheduler=scheduler,
+            # On a shared table a dropped worker may be back through another broker,
+            # its lease re-attached there: its jobs lapse at their deadline instead.
+            lapse_orphans=local,
         )
         # A durable store pushes whole windows: see Dispatcher._push.
-        self.dispatcher.split_windows = not self.backend.durable
-        # A dispatch pass due this loop turn runs first, so that its pushes ride the commit.
-        self.backend.before_commit = self.dispatcher.run_pending
-        # A restart dropped every connection: jobs still under a valid lease get the
-        # disconnect grace for their workers to re-attach them, then lapse (protocol §9).
-        self.dispatcher.adopt(ready(self.backend.held_leases()))
+        self.dispatcher.split_windows = not backend.durable
+        if isinstance(backend, LocalBackend):
+            # A dispatch pass due this loop turn runs first, so its pushes ride the commit.
+            backend.before_commit = self.dispatcher.run_pending
         self.started_at = clock()
-        self.feed = Feed(self.backend, self.dispatcher, clock=clock, server_info=self.server_info)
+        self.feed = Feed(backend, self.dispatcher, clock=clock, server_info=self.server_info)
         self.metrics = Metrics(
-            lambda: ready(self.backend.stats()),
+            self._stats_now,
             workers=lambda: len(self.dispatcher.subscriptions),
             connections=lambda: len(self.connections),
         )
@@ -92,6 +84,46 @@ class Broker:
         self.closing: bool = False
         self.server: Server | None = None
         self.url: str = ""
+
+    @classmethod
+    async def open(cls, config: Config, *, scheduler: Scheduler | None = None) -> Broker:
+        """Open the backend and load or reach the table (raises ``StoreError``).
+
+        ``scheduler`` gives the broker its clock and timers (by default the running loop
+        and the wall clock; tests pass a ``SteppedScheduler``)."""
+        scheduler = LoopScheduler() if scheduler is None else scheduler
+        stopped = asyncio.Event()
+        backend = await open_backend(
+            config.store,
+            config.db_path,
+            scheduler,
+            max_payload_bytes=config.max_payload_bytes,
+            sync=config.sync,
+            accept_loss=config.accept_loss,
+            on_failure=lambda exc: stopped.set(),
+        )
+        try:
+            for name, opts in config.queue_opts.items():
+                await backend.set_queue(name, opts)
+            broker = cls(config, backend, scheduler, stopped)
+            if isinstance(backend, LocalBackend):
+                # A restart dropped every connection: jobs still under a valid lease get
+                # the disconnect grace for their workers to re-attach them, then lapse
+                # (protocol §9). (A shared table's leases are other brokers' too.)
+                broker.dispatcher.adopt(await backend.held_leases())
+        except BaseException:
+            await backend.close()
+            raise
+        return broker
+
+    def _stats_now(self) -> Mapping[str, QueueStats]:
+        """Every queue's stats for ``/metrics``: the table's now, or (a backend that
+        answers later) the feed's last sample, at most a second old."""
+        pending = self.backend.stats()
+        if pending.done():
+            return pending.result()
+        logged(pending, "stats")
+        return self.feed.latest
 
     def server_info(self) -> dict[str, Any]:
         """The dashboard's header: who this broker is and how busy."""
@@ -165,25 +197,32 @@ async def running_broker(
 ) -> AsyncIterator[Broker]:
     """Start a broker, yield it (``.url`` is the real address), stop it on exit.
     ``scheduler``: as ``Broker``'s (tests pass a ``SteppedScheduler``)."""
-    broker = Broker(config, scheduler=scheduler)
-    server = await serve(
-        broker.handle,
-        config.host,
-        config.port,
-        router=broker.process_request,
-        ping_interval=config.ping_interval_s,
-        ping_timeout=config.ping_timeout_s,
-        open_timeout=config.handshake_timeout_s,
-        max_size=config.max_frame_bytes,
-        ssl=_ssl_context(config),
-        server_header=f"conveyor/{__version__}",
-    )
+    broker = await Broker.open(config, scheduler=scheduler)
+    try:
+        server = await serve(
+            broker.handle,
+            config.host,
+            config.port,
+            router=broker.process_request,
+            ping_interval=config.ping_interval_s,
+            ping_timeout=config.ping_timeout_s,
+            open_timeout=config.handshake_timeout_s,
+            max_size=config.max_frame_bytes,
+            ssl=_ssl_context(config),
+            server_header=f"conveyor/{__version__}",
+        )
+    except BaseException:
+        await broker.backend.close()
+        raise
     broker.server = server
     sock = next(iter(server.sockets))
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     broker.url = f"{'wss' if config.secure else 'ws'}://{shown}:{port}{WS_PATH}"
-    sweeper = asyncio.get_running_loop().create_task(_sweep_forever(broker))
+    # The local table's safety net; a shared table is swept by its elected broker.
+    sweeper = asyncio.get_running_loop().create_task(
+        _sweep_forever(broker) if isinstance(broker.backend, LocalBackend) else _nothing()
+    )
     feed = asyncio.get_running_loop().create_task(broker.feed.run())
     try:
         yield broker
@@ -203,12 +242,18 @@ async def running_broker(
         await broker.backend.close()
 
 
+async def _nothing() -> None:
+    pass
+
+
 async def _sweep_forever(broker: Broker) -> None:
     while True:
         await asyncio.sleep(broker.config.sweep_interval_s)
         try:
-            broker.dispatcher.sweep()
+            await broker.dispatcher.sweep()
             broker.dispatcher.kick()
+        except StoreError as exc:
+            log.warning("sweep failed: %s", exc)
         except Exception:
             log.exception("sweep failed")
 

@@ -24,11 +24,13 @@ from ._base import (
     Claim,
     Claimed,
     Enqueue,
+    Later,
     Listener,
     Pending,
     Ready,
     Report,
     ready,
+    then,
 )
 from .local import LocalBackend
 
@@ -38,6 +40,7 @@ __all__ = [
     "Claim",
     "Claimed",
     "Enqueue",
+    "Later",
     "Listener",
     "LocalBackend",
     "Pending",
@@ -45,10 +48,11 @@ __all__ = [
     "Report",
     "open_backend",
     "ready",
+    "then",
 ]
 
 
-def open_backend(
+async def open_backend(
     kind: str,
     path: str,
     scheduler: Scheduler,
@@ -57,9 +61,16 @@ def open_backend(
     sync: str = "full",
     accept_loss: bool = False,
     on_failure: Callable[[StoreError], None] = lambda exc: None,
-) -> LocalBackend:
-    """The backend ``kind`` names (``memory`` or ``sqlite`` at ``path``), its table
-    loaded; raises ``StoreError``. Call on the running event loop."""
+) -> Backend:
+    """The backend ``kind`` names: ``memory``, ``sqlite`` at ``path`` (its table loaded),
+    or ``postgres`` at the DSN ``path`` (its schema made or migrated); raises
+    ``StoreError``. Call on the running event loop."""
+    if kind == "postgres":
+        from .postgres import PostgresBackend  # (psycopg is loaded only when used)
+
+        return await PostgresBackend.open(
+            path, scheduler, max_payload_bytes=max_payload_bytes, on_failure=on_failure
+        )
     store = open_store(kind, path, sync=sync, accept_loss=accept_loss)
     try:
         return LocalBackend(

@@ -33,7 +33,8 @@ from the event loop, and must not raise.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import asyncio
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -50,11 +51,13 @@ __all__ = [
     "Claim",
     "Claimed",
     "Enqueue",
+    "Later",
     "Listener",
     "Pending",
     "Ready",
     "Report",
     "ready",
+    "then",
 ]
 
 # A backend's failure is a store's failure: the broker stops on either.
@@ -63,12 +66,16 @@ BackendError = StoreError
 
 class Pending(Protocol[T_co]):
     """A call's result: awaitable, and readable once ``done()`` (``asyncio.Future`` is
-    one; so is ``Ready``)."""
+    one; so are ``Ready`` and ``Later``)."""
 
     def done(self) -> bool: ...
 
     def result(self) -> T_co:
         """The result (raises what the call raised); only once ``done()``."""
+        ...
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        """Call ``fn(self)`` once ``done()`` (at once if it is already)."""
         ...
 
     def __await__(self) -> Generator[Any, None, T_co]: ...
@@ -88,9 +95,82 @@ class Ready(Generic[T]):
     def result(self) -> T:
         return self._value
 
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        fn(self)
+
     def __await__(self) -> Generator[Any, None, T]:
         return self._value
         yield  # (a generator that yields nothing: awaiting it returns at once)
+
+
+U = TypeVar("U")
+
+_UNSET: Any = object()
+
+
+class Later(Generic[T]):
+    """A result made from another that is still to come (``then``).
+
+    Unlike an ``asyncio.Future``, its callbacks run in the call that settles it, not at
+    a later turn of the loop: a frame made from the result is queued in the same
+    callback as the result came, so frames keep the order their results came in.
+    """
+
+    __slots__ = ("_callbacks", "_error", "_value")
+
+    def __init__(self) -> None:
+        self._value: T = _UNSET
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], object]] = []
+
+    def done(self) -> bool:
+        return self._value is not _UNSET or self._error is not None
+
+    def result(self) -> T:
+        if self._error is not None:
+            raise self._error
+        if self._value is _UNSET:
+            raise RuntimeError("result: not there yet")
+        return self._value
+
+    def add_done_callback(self, fn: Callable[[Any], object], /) -> None:
+        if self.done():
+            fn(self)
+        else:
+            self._callbacks.append(fn)
+
+    def settle(self, make: Callable[[], T]) -> None:
+        """Take ``make()``'s value, or what it raised, as the result; run the callbacks."""
+        try:
+            self._value = make()
+        except BaseException as exc:  # (a call cancelled at close, too: nobody waits for ever)
+            self._error = exc
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if not self.done():
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def wake(_: object) -> None:
+                if not future.done():
+                    future.set_result(None)
+
+            self.add_done_callback(wake)
+            yield from future
+        return self.result()
+
+
+def then(result: Pending[T], fn: Callable[[T], U]) -> Pending[U]:
+    """``fn`` of ``result``'s value, as a result: made at once (``Ready``, and what
+    ``fn`` raises is raised here) when ``result`` is there already, the local backend's
+    way; else when it comes (``Later``, carrying what ``result`` or ``fn`` raised)."""
+    if result.done():
+        return Ready(fn(result.result()))
+    later: Later[U] = Later()
+    result.add_done_callback(lambda done: later.settle(lambda: fn(done.result())))
+    return later
 
 
 def ready(result: Pending[T]) -> T:
@@ -196,6 +276,8 @@ class Backend(Protocol):
     durable: bool
     # Where frames made from results wait (broker/egress.py).
     gate: Gate
+    # Why the backend cannot go on (the broker stops), once it failed; else ``None``.
+    failed: StoreError | None
 
     def now(self) -> float:
         """The backend's clock (TIM-1): the time its calls see."""

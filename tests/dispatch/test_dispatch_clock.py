@@ -40,7 +40,7 @@ class Worker:
         """Subscribe (again) to queue ``q``; ``self.reattached`` is what came back."""
         ready(self.dispatcher.backend.set_queue("q"))
         self.sub = Subscription(self.worker_id, ["q"], self.prefetch, self.emit)
-        self.reattached = self.dispatcher.subscribe(self.sub, leases or [])
+        self.reattached = ready(self.dispatcher.subscribe(self.sub, leases or []))
         return self.sub
 
     def emit(self, out: Out, frame: dict[str, Any]) -> None:

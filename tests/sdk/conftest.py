@@ -84,7 +84,9 @@ class Probe:
     def wrap(self, op: Op, handler: Callable[..., Any]) -> Callable[..., Any]:
         def probed(conn: Any, fields: dict[str, Any]) -> Any:
             result = handler(conn, fields)
-            self.log.append(Handled(op.value, dict(fields), dict(result or {}), time.monotonic()))
+            # (a local backend's reply is there at once, plain or as a ``Ready``)
+            shown = result.result() if hasattr(result, "done") else result
+            self.log.append(Handled(op.value, dict(fields), dict(shown or {}), time.monotonic()))
             self._changed.set()
             return result
 
