@@ -134,6 +134,8 @@ class Dispatcher:
         self._hungry: dict[Subscription, None] = {}
         self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
         self._dirty: set[str] = set()
+        # Queues with news that came while a claim of some of their workers was running.
+        self._after_claims: set[str] = set()
         self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
         # Every lease some subscription's window counts -> that subscription. A job's
         # earlier, lapsed lease stays here (and takes its slot) until it is reported.
@@ -372,6 +374,10 @@ class Dispatcher:
                 if not waiting:
                     continue
                 line = [sub for sub in waiting if sub.free > 0]  # (not those reserved full)
+                if len(line) < len(waiting) and any(sub.claiming for sub in waiting):
+                    # Some wait on a claim still running, which may have been made before
+                    # this news: the queue is looked at again once that claim came back.
+                    self._after_claims.add(name)
                 if line:
                     self._claim(line, waiting)
         finally:
@@ -418,6 +424,10 @@ class Dispatcher:
                 self._file(sub)
         if now:
             self._send(out)
+        if self._after_claims:
+            self._dirty |= self._after_claims
+            self._after_claims.clear()
+            self.kick()
 
     def _send(self, out: dict[Subscription, list[Claimed]]) -> None:
         for sub, claimed in out.items():
