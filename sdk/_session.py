@@ -6,11 +6,13 @@ drops it reconnects, and resends every request that had no reply yet: enqueues c
 idempotency key, so a resent enqueue is stored once.
 
 A session may be given several broker URLs (brokers sharing one job table). It tries
-them in its ``connection_order`` (the order given, or shuffled), round after round: a failed
-connect or a lost connection moves on to the next URL at once, and only a whole round of
-failures in a row waits out the exponential backoff with jitter (one URL: every failure
-does). An outage is logged once when it starts and once when it ends, not once per try;
-every connection logs one line naming its URL (INFO, or WARNING when it ends an outage).
+them in its ``connection_order`` (the order given, or shuffled), round after round: a
+failed connect or a lost connection moves on to the next URL at once, and only a whole
+round of failures in a row waits out the exponential backoff with jitter (one URL: every
+failure does). Its backoff steps grow with each such round and start over once a
+connection is ready (``hello`` and ``on_connect`` done). An outage is logged once when
+it starts and once when it ends, not once per try; every connection logs one line
+naming its URL (INFO, or WARNING when it ends an outage).
 
 No request frame goes out over the broker's ``max_frame_bytes`` (docs/protocol.md §2):
 such a request fails at once with ``TooLarge``, and the enqueues that share frames are
@@ -123,7 +125,6 @@ class Session:
         self._rng = random.Random()
         # The order URLs are tried in, round after round (see connection_order).
         self._order = connection_order(self.urls, shuffle=shuffle, rng=self._rng)
-        self._target = self._order[0]  # the URL being tried, or last tried
         self._current: str | None = None  # the URL of the connection, while it is ready
         self._connections = 0  # how many became ready (for the log)
         self.token = token
@@ -450,15 +451,15 @@ class Session:
     async def _keep_connected(self) -> None:
         loop = asyncio.get_running_loop()
         order = self._order
-        rounds = len(order)
         at = 0  # the place in `order` of the next URL to try
         # Tries failed in a row (a connect, a connection lost before or after it was ready)
-        # since a connection was last ready; every `rounds` of them wait out a backoff.
+        # since a connection was last ready; each round of them (one try of every URL)
+        # waits out a backoff, longer for each round.
         failed = 0
         outage_since: float | None = None
         while not self._closing:
-            url = self._target = order[at]
-            at = (at + 1) % rounds  # the next try goes to the next URL, whatever happens
+            url = order[at]
+            at = (at + 1) % len(order)  # the next try goes to the next URL, whatever happens
             try:
                 ws = await self._connect(url)
                 if ws is None:
@@ -481,8 +482,8 @@ class Session:
                 else:
                     log.debug("cannot reach the broker at %s", url)
                 failed += 1
-                if failed % rounds == 0:  # every URL failed in a row: back off
-                    await self._nap(self._backoff(failed // rounds))
+                if failed % len(order) == 0:  # every URL failed in a row: back off
+                    await self._nap(self._backoff(failed // len(order)))
                 continue
             try:
                 await self._serve(ws, url, outage_since)
@@ -507,8 +508,8 @@ class Session:
                         "lost the connection to the broker at %s; %s", url, self._then(True)
                     )
                 failed += 1
-                if failed % rounds == 0:
-                    await self._nap(self._backoff(failed // rounds))
+                if failed % len(order) == 0:
+                    await self._nap(self._backoff(failed // len(order)))
 
     def _then(self, lost: bool = False) -> str:
         """What a warning about a failed try says comes next."""
