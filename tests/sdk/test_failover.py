@@ -17,7 +17,7 @@ import random
 import subprocess
 import textwrap
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -112,6 +112,31 @@ async def test_a_client_that_reaches_no_broker_names_them_all() -> None:
     assert caught.value.message == (
         f"cannot reach any of the brokers at {urls[0]}, {urls[1]} within 0.5 s"
     )
+
+
+@pytest.mark.usefixtures("long_backoff")
+async def test_the_backoff_comes_only_after_every_url_failed_in_a_row() -> None:
+    tries: list[int] = []
+
+    def refusing(n: int) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            tries.append(n)  # a TCP connection, closed before the WebSocket handshake
+            writer.close()
+
+        return handle
+
+    async with contextlib.AsyncExitStack() as stack:
+        urls = []
+        for n in range(3):
+            server = await asyncio.start_server(refusing(n), "127.0.0.1", 0)
+            stack.push_async_callback(server.wait_closed)
+            stack.callback(server.close)
+            urls.append(f"ws://127.0.0.1:{server.sockets[0].getsockname()[1]}/ws")
+        with pytest.raises(ConnectionFailed):
+            async with Client(urls, shuffle_urls=False, connect_timeout=1.0):
+                pass
+    # One round, each URL once in order, then the (minute-long) backoff outlasted entering.
+    assert tries == [0, 1, 2]
 
 
 async def test_the_comma_separated_form_is_the_list_form(broker: Broker) -> None:
