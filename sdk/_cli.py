@@ -1,9 +1,11 @@
 """The client commands of ``conveyor``: ``worker``, ``enqueue``, ``job``, ``cancel``, ``stats``.
 
 ``broker.cli`` registers them beside ``serve``. Each talks to a running broker at
-``--url`` (``CONVEYOR_URL``, default ``ws://127.0.0.1:8765/ws``) with ``--token``
+``--url`` (``CONVEYOR_URL``, default ``ws://127.0.0.1:8765/ws``; several comma-separated
+URLs of brokers sharing one job table fail over between them) with ``--token``
 (``CONVEYOR_TOKEN``), prints JSON on stdout, and exits 0 on success, 1 when the broker
 refused or could not be reached, 2 for bad arguments; errors go to stderr in one line.
+``worker`` takes ``--url`` (or ``CONVEYOR_URL``) too, in place of the ``Worker``'s own.
 """
 
 from __future__ import annotations
@@ -18,18 +20,37 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._client import DEFAULT_URL, Client
+from ._client import Client
 from ._errors import ConnectionFailed, ConveyorError
 from ._loop import LOOP_HELP, LOOPS, UVLOOP_MISSING, loop_factory, loop_problem
+from ._urls import DEFAULT_URL, brokers, parse_urls
 from ._wire import WireError, decode_value, encode
 from ._worker import Worker
 
 __all__ = ["add_client_commands"]
 
 
+URL_HELP = (
+    "broker URL, or several comma-separated (ws://a:8765,ws://b:8765) of brokers sharing "
+    "one job table: one is used, the next tried at once when it cannot be reached"
+)
+
+
+def _urls(value: str) -> tuple[str, ...]:
+    """``--url``'s value (or ``CONVEYOR_URL``'s) as the URLs it lists; a bad one is a bad
+    argument (exit 2) naming it."""
+    try:
+        return parse_urls(value)
+    except ConveyorError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def _connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--url", default=os.environ.get("CONVEYOR_URL") or DEFAULT_URL, help="broker URL"
+        "--url",
+        type=_urls,  # (applied to the default too, so a bad CONVEYOR_URL is refused alike)
+        default=os.environ.get("CONVEYOR_URL") or DEFAULT_URL,
+        help=f"{URL_HELP} (CONVEYOR_URL; default {DEFAULT_URL})",
     )
     parser.add_argument(
         "--token", default=os.environ.get("CONVEYOR_TOKEN") or None, help="(CONVEYOR_TOKEN)"
@@ -56,7 +77,8 @@ def _with_client(args: argparse.Namespace, action: Callable[[Client], Awaitable[
     try:
         result = asyncio.run(main())
     except ConnectionFailed:
-        print(f"conveyor: cannot reach the broker at {args.url}; is it running?", file=sys.stderr)
+        running = "is it running?" if len(args.url) == 1 else "is one running?"
+        print(f"conveyor: cannot reach {brokers(args.url)}; {running}", file=sys.stderr)
         return 1
     except ConveyorError as exc:
         print(f"conveyor: {exc.code}: {exc.message}", file=sys.stderr)
@@ -118,6 +140,8 @@ def _worker(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     worker = _load_worker(args.target)
+    if args.url is not None:
+        worker.urls = args.url
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(worker.run())
@@ -137,6 +161,12 @@ def add_client_commands(commands: Any) -> None:
         "--loop",
         choices=LOOPS,
         help=LOOP_HELP,
+    )
+    worker.add_argument(
+        "--url",
+        type=_urls,
+        default=os.environ.get("CONVEYOR_URL") or None,
+        help=f"{URL_HELP} (CONVEYOR_URL; default: the Worker's own)",
     )
     worker.set_defaults(run=_worker)
 

@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import anyio.from_thread
@@ -20,24 +19,15 @@ import anyio.from_thread
 from ._errors import ConnectionFailed, InvalidArgument, TooLarge
 from ._session import EACH_BYTES, Session, split_to_fit
 from ._types import JobInfo
+from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
 from ._wire import WireError, encode_payload, raw_json
 
 __all__ = ["DEFAULT_URL", "Client", "SyncClient", "normalize_url"]
 
-DEFAULT_URL = "ws://127.0.0.1:8765/ws"
 # enqueue_many sends at most this many jobs per frame (the broker's default max_batch).
 _BATCH = 1000
 
 T = TypeVar("T")
-
-
-def normalize_url(url: str) -> str:
-    """``ws://host:port`` means the broker's endpoint, ``ws://host:port/ws``."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss"):
-        raise InvalidArgument(f"url: must start with ws:// or wss://, got {url!r}", field="url")
-    path = parts.path if parts.path not in ("", "/") else "/ws"
-    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
 def _encoded(value: Any, field: str) -> bytes:
@@ -93,26 +83,38 @@ _auto_key = _AutoKeys()
 class Client:
     """An async publisher. Use as ``async with Client(url, token) as client: ...``.
 
-    Entering connects (raising ``ConnectionFailed`` when the broker cannot be reached
-    within ``connect_timeout``). Afterwards the client reconnects by itself; a call made
-    during an outage waits for the connection, up to ``request_timeout`` seconds in all,
-    then raises ``ConnectionFailed``. Calls may run concurrently: they are pipelined on
-    the one connection. Every method raises a ``ConveyorError`` subclass when the broker
-    refuses the request (``InvalidArgument`` naming the field, ``Forbidden``, ...).
+    ``url`` is one broker URL or several (a sequence, or one string of comma-separated
+    URLs) of brokers sharing one job table; a bad one raises ``InvalidArgument`` naming
+    it. The client is connected to one at a time (``url``), tried in a random order
+    picked once per client (``shuffle_urls=False``: the order given); a failed connect or
+    a lost connection moves on to the next at once, and only a whole round of failures
+    waits out the backoff.
+
+    Entering connects (raising ``ConnectionFailed`` when no broker can be reached within
+    ``connect_timeout``; with several URLs each try gets its share of it). Afterwards the
+    client reconnects by itself; a call made during an outage waits for the connection,
+    up to ``request_timeout`` seconds in all, then raises ``ConnectionFailed``; requests
+    unanswered when a connection drops are resent on the next one, whichever broker it is
+    (an enqueue with its idempotency key, so it is stored once). Calls may run
+    concurrently: they are pipelined on the one connection. Every method raises a
+    ``ConveyorError`` subclass when the broker refuses the request (``InvalidArgument``
+    naming the field, ``Forbidden``, ...).
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: Urls = DEFAULT_URL,
         token: str | None = None,
         *,
         name: str = "conveyor-python",
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
+        shuffle_urls: bool = True,
     ) -> None:
-        self.url = normalize_url(url)
+        self.urls = parse_urls(url)
         self._session = Session(
-            self.url,
+            self.urls,
+            shuffle=shuffle_urls,
             token=token,
             client_name=name,
             connect_timeout=connect_timeout,
@@ -137,7 +139,7 @@ class Client:
         if not self._session.connected.is_set():
             await self.aclose()
             raise ConnectionFailed(
-                f"cannot reach the broker at {self.url} within {self._connect_timeout} s"
+                f"cannot reach {brokers(self.urls)} within {self._connect_timeout} s"
             )
         return self
 
@@ -157,6 +159,12 @@ class Client:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._runner
             self._runner = None
+
+    @property
+    def url(self) -> str | None:
+        """The URL of the broker this client is connected to now (one of ``urls``),
+        ``None`` while it is not connected."""
+        return self._session.url
 
     @property
     def server_info(self) -> dict[str, Any]:
@@ -323,25 +331,29 @@ class Client:
 class SyncClient:
     """A blocking publisher for threads and scripts (Django, Flask, cron jobs).
 
-    ``with SyncClient(url) as client: client.enqueue("emails", {...})``. The same methods
-    as ``Client``, blocking; safe to share between threads (calls run on one background
+    ``with SyncClient(url) as client: client.enqueue("emails", {...})``. The same
+    arguments (one broker URL or several, as ``Client``'s) and methods as ``Client``,
+    blocking; safe to share between threads (calls run on one background
     event loop and are pipelined on one connection).
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: Urls = DEFAULT_URL,
         token: str | None = None,
         *,
         name: str = "conveyor-python-sync",
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
+        shuffle_urls: bool = True,
     ) -> None:
-        self._args = (url, token)
+        self.urls = parse_urls(url)  # refused here, not at `with`
+        self._args = (self.urls, token)
         self._kwargs: dict[str, Any] = {
             "name": name,
             "connect_timeout": connect_timeout,
             "request_timeout": request_timeout,
+            "shuffle_urls": shuffle_urls,
         }
         self._stack: contextlib.ExitStack | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None
@@ -361,6 +373,13 @@ class SyncClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    @property
+    def url(self) -> str | None:
+        """``Client.url``: the broker connected to now, ``None`` while none is (or outside
+        ``with``)."""
+        client = self._client
+        return None if client is None else client.url
 
     def close(self) -> None:
         """Close the connection and stop the background loop."""

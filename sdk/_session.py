@@ -2,9 +2,17 @@
 
 A ``Session`` connects, says ``hello``, runs the owner's ``on_connect`` step (the worker
 subscribes there), and only then sends the requests that were waiting. When the socket
-drops it reconnects with exponential backoff and jitter, logging once when the outage
-starts and once when it ends (not once per try), and resends every request that had no
-reply yet: enqueues carry an idempotency key, so a resent enqueue is stored once.
+drops it reconnects, and resends every request that had no reply yet: enqueues carry an
+idempotency key, so a resent enqueue is stored once.
+
+A session may be given several broker URLs (brokers sharing one job table). It tries
+them in its ``connection_order`` (the order given, or shuffled), round after round: a
+failed connect or a lost connection moves on to the next URL at once, and only a whole
+round of failures in a row waits out the exponential backoff with jitter (one URL: every
+failure does). Its backoff steps grow with each such round and start over once a
+connection is ready (``hello`` and ``on_connect`` done). An outage is logged once when
+it starts and once when it ends, not once per try; every connection logs one line
+naming its URL (INFO, or WARNING when it ends an outage).
 
 No request frame goes out over the broker's ``max_frame_bytes`` (docs/protocol.md §2):
 such a request fails at once with ``TooLarge``, and the enqueues that share frames are
@@ -21,13 +29,14 @@ import contextlib
 import itertools
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from ._errors import ConnectionFailed, ConveyorError, TooLarge, Unauthorized, error_from_reply
 from ._transport import Socket, connect
+from ._urls import brokers, connection_order
 from ._wire import (
     CLOSE_MESSAGE_TOO_BIG,
     DEFAULT_MAX_FRAME_BYTES,
@@ -98,8 +107,9 @@ class Session:
 
     def __init__(
         self,
-        url: str,
+        urls: str | Sequence[str],
         *,
+        shuffle: bool = False,
         token: str | None = None,
         client_name: str = "conveyor-python",
         on_connect: Callable[[Session], Awaitable[None]] | None = None,
@@ -109,7 +119,14 @@ class Session:
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 10.0,
     ) -> None:
-        self.url = url
+        self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
+        if not self.urls:
+            raise ValueError("Session: no broker URL")
+        self._rng = random.Random()
+        # The order URLs are tried in, round after round (see connection_order).
+        self._order = connection_order(self.urls, shuffle=shuffle, rng=self._rng)
+        self._current: str | None = None  # the URL of the connection, while it is ready
+        self._connections = 0  # how many became ready (for the log)
         self.token = token
         self.client_name = client_name
         self.on_connect = on_connect
@@ -128,7 +145,6 @@ class Session:
         self._rids = itertools.count(1)
         self._fatal: ConveyorError | None = None
         self._closing = False
-        self._rng = random.Random()
         self._wake = asyncio.Event()  # set by close(): ends a backoff wait at once
         self._connecting: asyncio.Task[Socket] | None = None
         # The latest socket, kept after it is done with, so that close() can wait for its
@@ -203,6 +219,12 @@ class Session:
         if self._ready:
             self._write_now(frame)
         return result
+
+    @property
+    def url(self) -> str | None:
+        """The URL of the broker this session is connected to (``hello`` and ``on_connect``
+        done), ``None`` while it is not."""
+        return self._current
 
     @property
     def max_frame_bytes(self) -> int:
@@ -427,18 +449,27 @@ class Session:
             self._ended.set()
 
     async def _keep_connected(self) -> None:
-        tries = 0
-        outage_since: float | None = None
         loop = asyncio.get_running_loop()
+        order = self._order
+        at = 0  # the place in `order` of the next URL to try
+        # Tries failed in a row (a connect, a connection lost before or after it was ready)
+        # since a connection was last ready; each round of them (one try of every URL)
+        # waits out a backoff, longer for each round.
+        failed = 0
+        outage_since: float | None = None
         while not self._closing:
+            url = order[at]
+            at = (at + 1) % len(order)  # the next try goes to the next URL, whatever happens
             try:
-                ws = await self._connect()
+                ws = await self._connect(url)
                 if ws is None:
                     return  # close() stopped the attempt
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in (401, 403, 404):
-                    refused = Unauthorized(f"{self.url}: the broker refused us: HTTP {status}")
+                    # Fatal with several URLs too: brokers sharing a table share their
+                    # tokens and path, so the next would refuse us the same way.
+                    refused = Unauthorized(f"{url}: the broker refused us: HTTP {status}")
                     self._fail_all(refused)
                     raise refused from None
                 ws = None
@@ -447,41 +478,61 @@ class Session:
             if ws is None:
                 if outage_since is None:
                     outage_since = loop.time()
-                    log.warning("cannot reach the broker at %s; retrying", self.url)
-                tries += 1
-                await self._nap(self._backoff(tries))
+                    log.warning("cannot reach the broker at %s; %s", url, self._then())
+                else:
+                    log.debug("cannot reach the broker at %s", url)
+                failed += 1
+                if failed % len(order) == 0:  # every URL failed in a row: back off
+                    await self._nap(self._backoff(failed // len(order)))
                 continue
             try:
-                await self._serve(ws, outage_since)
-                outage_since = None
-                tries = 0
+                await self._serve(ws, url, outage_since)
             except ConveyorError as exc:
                 if _permanent(exc):  # a wrong token does not get better by retrying
                     self._fail_all(exc)
                     await ws.close()
                     raise
             finally:
+                if self._ready:  # it was connected: the outage (if any) ended then
+                    outage_since = None
+                    failed = 0
                 self._ready = False
                 self._ws = None
+                self._current = None
                 self.connected.clear()
                 self._fail_unresent()
             if not self._closing:
-                outage_since = loop.time()
-                log.warning("lost the connection to the broker at %s; reconnecting", self.url)
-                tries += 1
-                await self._nap(self._backoff(tries))
+                if outage_since is None:
+                    outage_since = loop.time()
+                    log.warning(
+                        "lost the connection to the broker at %s; %s", url, self._then(True)
+                    )
+                failed += 1
+                if failed % len(order) == 0:
+                    await self._nap(self._backoff(failed // len(order)))
 
-    async def _connect(self) -> Socket | None:
-        """A new socket to the broker, or ``None`` when ``close()`` came first (it cancels
-        the attempt); raises what ``connect`` raises."""
+    def _then(self, lost: bool = False) -> str:
+        """What a warning about a failed try says comes next."""
+        if len(self._order) > 1:
+            return "trying the next broker"
+        return "reconnecting" if lost else "retrying"
+
+    async def _connect(self, url: str) -> Socket | None:
+        """A new socket to the broker at ``url``, or ``None`` when ``close()`` came first
+        (it cancels the attempt); raises what ``connect`` raises.
+
+        With several URLs each try gets its share of ``connect_timeout``, so that a broker
+        that does not answer at all (a host that is down, not a refused port) costs a
+        ``Client`` entering at most its share before the next URL is tried.
+        """
         if self._closing:
             return None
 
         async def opening() -> Socket:
             return await connect(
-                self.url,
+                url,
                 headers=self._headers(),
-                open_timeout=self.connect_timeout,
+                open_timeout=self.connect_timeout / len(self._order),
                 max_size=_MAX_INCOMING,
             )
 
@@ -507,7 +558,7 @@ class Session:
             async with asyncio.timeout(seconds):
                 await self._wake.wait()
 
-    async def _serve(self, ws: Socket, outage_since: float | None) -> None:
+    async def _serve(self, ws: Socket, url: str, outage_since: float | None) -> None:
         self._ws = ws
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
@@ -521,11 +572,19 @@ class Session:
             if self.on_connect is not None:
                 await self.on_connect(self)
             self._ready = True
+            self._current = url
             for frame in self._resend():
                 await self._send(frame)
             self.connected.set()
-            if outage_since is not None:
-                log.warning("reconnected to the broker at %s", self.url)
+            # One line per connection, naming it: at WARNING when it ends an outage that
+            # was warned of, so that the end shows wherever the start did.
+            verb = "reconnected" if self._connections else "connected"
+            self._connections += 1
+            if outage_since is None:
+                log.info("%s to the broker at %s", verb, url)
+            else:
+                outage = asyncio.get_running_loop().time() - outage_since
+                log.warning("%s to the broker at %s after %.1f s", verb, url, outage)
             await reader
         except (_Lost, ConnectionClosed):
             pass
@@ -631,9 +690,16 @@ class Session:
             if not first.future.done():
                 first.future.set_exception(
                     ConnectionFailed(
-                        f"{first.op}: no reply from {self.url} within {self.request_timeout} s"
+                        f"{first.op}: no reply from {self._where()} within {self.request_timeout} s"
                     )
                 )
+
+    def _where(self) -> str:
+        """The broker a request went to, for a message: the one connected to, or the URL
+        (or URLs) it waits for."""
+        if self._current is not None:
+            return self._current
+        return self.urls[0] if len(self.urls) == 1 else brokers(self.urls)
 
     def _fail_unresent(self) -> None:
         for pending in self._pending.values():

@@ -42,10 +42,10 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._client import DEFAULT_URL, normalize_url
 from ._errors import ConveyorError, InvalidArgument
 from ._session import Session
 from ._types import Fail, Job, Retry
+from ._urls import DEFAULT_URL, Urls, parse_urls
 
 __all__ = ["Handler", "Worker"]
 
@@ -70,11 +70,19 @@ class Worker:
     the broker may push before this worker reports any: it is also how many handlers
     run at once. ``worker_id`` (default: host-pid-random) names this worker to the
     broker; keep it stable across reconnects so leases re-attach.
+
+    ``url`` is one broker URL or several (a sequence, or one string of comma-separated
+    URLs) of brokers sharing one job table, as ``Client`` takes them: the worker is
+    connected to one at a time (``url``), tried in a random order picked once per worker
+    so that workers spread over the brokers (``shuffle_urls=False``: the order given).
+    When that broker dies the worker moves on to the next at once, subscribes there and
+    re-attaches the leases of the jobs it still holds (they stay valid in the shared
+    table until their deadline).
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: Urls = DEFAULT_URL,
         queues: Sequence[str] = (),
         worker_id: str | None = None,
         prefetch: int = 16,
@@ -82,12 +90,15 @@ class Worker:
         *,
         shutdown_timeout_s: float = 30.0,
         name: str = "conveyor-python-worker",
+        shuffle_urls: bool = True,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise InvalidArgument(
                 f"prefetch: must be an int >= 1, got {prefetch!r}", field="prefetch"
             )
-        self.url = normalize_url(url)
+        # The brokers to connect to: read by run(), so `conveyor worker --url` can set them.
+        self.urls = parse_urls(url)
+        self.shuffle_urls = shuffle_urls
         self.queues = list(queues)
         self.worker_id = worker_id or _default_worker_id()
         self.prefetch = prefetch
@@ -126,6 +137,13 @@ class Worker:
         self._idle.set()
         self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
 
+    @property
+    def url(self) -> str | None:
+        """The URL of the broker this worker is connected to now (subscribed there), one
+        of ``urls``; ``None`` while it is not connected or not running."""
+        session = self._session
+        return None if session is None else session.url
+
     # -- registration ---------------------------------------------------------------------
 
     def handler(self, queue: str) -> Callable[[H], H]:
@@ -162,7 +180,8 @@ class Worker:
         self._killing = False
         self._fatal = None
         session = Session(
-            self.url,
+            self.urls,
+            shuffle=self.shuffle_urls,
             token=self.token,
             client_name=self.name,
             on_connect=self._subscribe,
