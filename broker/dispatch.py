@@ -134,8 +134,9 @@ class Dispatcher:
         self._hungry: dict[Subscription, None] = {}
         self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
         self._dirty: set[str] = set()
-        # Queues with news that came while a claim of some of their workers was running.
-        self._after_claims: set[str] = set()
+        # The claims whose result has not come yet, each with the news that came while it
+        # ran (it may have been made before that news): looked at again when it is back.
+        self._running: dict[int, _News] = {}
         self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
         # Every lease some subscription's window counts -> that subscription. A job's
         # earlier, lapsed lease stays here (and takes its slot) until it is reported.
@@ -301,6 +302,15 @@ class Dispatcher:
 
     def work_waiting(self, queues: frozenset[str] | None) -> None:
         """Jobs of ``queues`` (``None``: of any queue) may have become claimable."""
+        for news in self._running.values():
+            if queues is None:
+                news.anything = True
+            else:
+                news.queues.update(queues)
+        self._mark(queues)
+
+    def _mark(self, queues: frozenset[str] | None) -> None:
+        """Look at ``queues`` (``None``: every queue someone waits on) in the next pass."""
         if queues is None:
             # Which queues gained claimable jobs is not known without asking each one;
             # asking costs O(queues with waiting workers), once per timed event.
@@ -374,10 +384,6 @@ class Dispatcher:
                 if not waiting:
                     continue
                 line = [sub for sub in waiting if sub.free > 0]  # (not those reserved full)
-                if len(line) < len(waiting) and any(sub.claiming for sub in waiting):
-                    # Some wait on a claim still running, which may have been made before
-                    # this news: the queue is looked at again once that claim came back.
-                    self._after_claims.add(name)
                 if line:
                     self._claim(line, waiting)
         finally:
@@ -391,7 +397,12 @@ class Dispatcher:
         for sub, claim in zip(subs, claims, strict=True):
             sub.claiming += claim.n
         pending = self.backend.claim(claims, round_robin=line is not None)
-        pending.add_done_callback(lambda came: self._handed(subs, claims, line, came))
+        if pending.done():  # the local backend: handed out in this pass
+            self._handed(subs, claims, line, pending, None)
+            return
+        news = _News()
+        self._running[id(news)] = news
+        pending.add_done_callback(lambda came: self._handed(subs, claims, line, came, news))
 
     def _handed(
         self,
@@ -399,6 +410,7 @@ class Dispatcher:
         claims: list[Claim],
         line: dict[Subscription, None] | None,
         came: Pending[list[list[Claimed]]],
+        news: _News | None,
     ) -> None:
         """A claim's result: give each subscription its jobs (pushed at the end of the
         pass running now, or at once when the result came after its pass)."""
@@ -424,10 +436,12 @@ class Dispatcher:
                 self._file(sub)
         if now:
             self._send(out)
-        if self._after_claims:
-            self._dirty |= self._after_claims
-            self._after_claims.clear()
-            self.kick()
+        if news is not None:
+            del self._running[id(news)]
+            if news.anything:
+                self._mark(None)
+            elif news.queues:
+                self._mark(frozenset(news.queues))
 
     def _send(self, out: dict[Subscription, list[Claimed]]) -> None:
         for sub, claimed in out.items():
@@ -506,6 +520,16 @@ class Dispatcher:
     def _lapse(self, held: dict[str, str]) -> None:
         # The backend tells (work_waiting) which queues got their jobs back.
         logged(self.backend.lapse([(job_id, lease) for lease, job_id in held.items()]), "lapse")
+
+
+class _News:
+    """What was heard while one claim ran: of these queues, or (``anything``) of any."""
+
+    __slots__ = ("anything", "queues")
+
+    def __init__(self) -> None:
+        self.anything = False
+        self.queues: set[str] = set()
 
 
 def _sweep_counts(done: SweepResult) -> dict[str, int]:

@@ -18,6 +18,7 @@ from broker.server import Broker, running_broker
 from sdk import Client, Job, Worker
 
 from ..conformance.pg import database
+from ..sdk.conftest import Probe
 
 WAIT = 10.0
 
@@ -164,3 +165,39 @@ async def test_every_job_is_handled_once_with_workers_on_every_broker(prefetch: 
             await asyncio.wait_for(done.wait(), WAIT * 3)
         assert sorted(handled) == sorted(ids)
         assert (await publisher.stats())["bulk"]["totals"]["completed"] == total
+
+
+async def test_a_worker_whose_broker_stops_re_attaches_through_another_and_its_ack_lands(
+    probe: Probe,
+) -> None:
+    async with database() as dsn:
+        config = Config(port=0, store="postgres", db_path=_url(dsn))
+        async with running_broker(config) as b, Client(b.url) as on_b:
+            first = contextlib.AsyncExitStack()
+            a = await first.enter_async_context(running_broker(config))
+            started = asyncio.Event()
+            release = asyncio.Event()
+            runs: list[tuple[str, str]] = []  # (job id, lease) of each handler run
+            worker = Worker([a.url, b.url], shuffle_urls=False, worker_id="steady")
+
+            @worker.handler("long")
+            async def handle(job: Job) -> None:
+                runs.append((job.id, job.lease))
+                started.set()
+                await release.wait()
+
+            async with working(worker):
+                job_id = await on_b.enqueue("long", {})
+                await asyncio.wait_for(started.wait(), WAIT)
+                assert worker.url == a.url
+                await first.aclose()  # the broker dies under the running job
+                # Through b the worker re-attaches the lease the table still holds.
+                again = await probe.count("subscribe", 2)
+                assert again[1].fields["leases"] == [{"id": job_id, "lease": runs[0][1]}]
+                assert again[1].result == {"reattached": [job_id]}
+                release.set()
+                assert (await probe.report("ack", job_id)).result == {"landed": True}
+                assert worker.url == b.url
+            assert runs == [(job_id, runs[0][1])]  # one run: never handed out again
+            totals = (await on_b.stats())["long"]["totals"]
+            assert (totals["completed"], totals["retried"]) == (1, 0)

@@ -74,6 +74,14 @@ class Handled:
         return self.fields.get("id")
 
 
+def _value(came: Any) -> Any:
+    """A reply's result, or ``None`` for one that failed (its error went to the peer)."""
+    try:
+        return came.result()
+    except Exception:
+        return None
+
+
 class Probe:
     """Sees every request any in-process broker handles, and wakes waiters on each."""
 
@@ -84,13 +92,17 @@ class Probe:
     def wrap(self, op: Op, handler: Callable[..., Any]) -> Callable[..., Any]:
         def probed(conn: Any, fields: dict[str, Any]) -> Any:
             result = handler(conn, fields)
-            # (a local backend's reply is there at once, plain or as a ``Ready``)
-            shown = result.result() if hasattr(result, "done") else result
-            self.log.append(Handled(op.value, dict(fields), dict(shown or {}), time.monotonic()))
-            self._changed.set()
+            if not hasattr(result, "done"):
+                self._logged(op, fields, result)
+            else:  # a reply that is there at once (``Ready``) or comes later: logged then
+                result.add_done_callback(lambda came: self._logged(op, fields, _value(came)))
             return result
 
         return probed
+
+    def _logged(self, op: Op, fields: dict[str, Any], result: Any) -> None:
+        self.log.append(Handled(op.value, dict(fields), dict(result or {}), time.monotonic()))
+        self._changed.set()
 
     def poke(self) -> None:
         """Wake the waiters to re-check (for changes that are not broker requests)."""
