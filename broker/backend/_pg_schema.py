@@ -20,6 +20,9 @@ Tables:
   statement: it walks the claimable rows of each queue in order with ``FOR UPDATE
   SKIP LOCKED``, one row at a time, kills the expired and used-up rows it meets
   (CLM-3 to CLM-5) and claims the rest until it has ``n``.
+* ``conveyor_enqueue``: an enqueue an application makes in its own transaction, from
+  any language (v3, docs/postgres.md): the engine's guards, resolution and keys in SQL,
+  its refusals raised as ``<code>: <field>: <problem>``.
 """
 
 from __future__ import annotations

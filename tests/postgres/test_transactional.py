@@ -18,7 +18,10 @@ import itertools
 import json
 import math
 import random
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -39,6 +42,7 @@ from sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
 from tests.conformance.conftest import Heard
 from tests.conformance.pg import database, database_sync
 
+ROOT = Path(__file__).resolve().parent.parent.parent
 # The size limit of the shared database, set as docs/postgres.md says, and the brokers'.
 LIMIT = 1024
 
@@ -215,6 +219,45 @@ async def test_a_key_is_one_job_whichever_path_enqueued_it(
         async with conn.transaction():
             fresh = await enqueue_tx_async(conn, "q", 7, key="k2")
     assert fresh != by_function
+
+
+async def _waits_on_a_lock(dsn: str, backend: PostgresBackend) -> None:
+    """Until the backend's connection waits for a lock another transaction holds."""
+    pid = backend._conn.info.backend_pid
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+
+        async def waiting() -> bool:
+            cur = await conn.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )
+            row = await cur.fetchone()
+            return row is not None and bool(row[0])
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10.0
+        while not await waiting():
+            assert loop.time() < end, "the broker's enqueue never waited"
+            await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+async def test_a_key_held_by_an_open_transaction_decides_a_brokers_enqueue_at_its_end(
+    dsn: str, broker: tuple[PostgresBackend, SteppedScheduler, Heard], commit: bool
+) -> None:
+    backend, _, _ = broker
+    await backend.set_queue("q")
+    async with await _app(dsn) as conn:
+        await conn.execute("SELECT 1")
+        held = await enqueue_tx_async(conn, "q", 1, key="k")
+        put = backend.enqueue([Enqueue("q", 2, key="k")])
+        await _waits_on_a_lock(dsn, backend)
+        assert not put.done()
+        await (conn.commit() if commit else conn.rollback())
+        (answer,) = await put
+    assert isinstance(answer, str)
+    assert (answer == held) is commit
+    (job,) = await backend.get_jobs([answer])
+    assert job is not None and job.payload_json == (b"1" if commit else b"2")
 
 
 async def test_a_dead_jobs_key_is_still_taken(
@@ -670,3 +713,12 @@ async def test_the_function_resolves_options_as_the_backend_does(
     assert _comparable(job, at=at) == _comparable(ref, at=at)
     if at:
         assert job.ready_at == overrides["run_at"]
+
+
+def test_importing_the_sdk_loads_neither_driver() -> None:
+    code = (
+        "import sys, sdk; "
+        "assert 'asyncpg' not in sys.modules and 'psycopg' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.startswith(('asyncpg', 'psycopg')))"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
