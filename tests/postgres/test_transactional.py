@@ -27,7 +27,7 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
@@ -706,8 +706,10 @@ async def test_the_function_resolves_options_as_the_backend_does(
     if isinstance(want, Exception):
         assert isinstance(got, sdk.ConveyorError), (got, want)
         assert (got.code, got.field) == (getattr(want, "code", None), getattr(want, "field", 0))
+        event(f"both refused: {got.field}")
         return
     assert isinstance(got, str), (got, want)
+    event("both stored")
     job, ref = await shared.get_jobs([got, want])
     assert job is not None and ref is not None
     at = isinstance(overrides.get("run_at"), float) and overrides["run_at"] > now
