@@ -14,7 +14,11 @@
 
     await worker.run()
 
-The SDK depends on websockets, orjson and anyio only, and never imports ``broker``.
+    # In your own PostgreSQL transaction, when the broker keeps its table there:
+    job_id = enqueue_tx(conn, "emails", {"to": "a@b.c"})  # (or await enqueue_tx_async)
+
+The SDK depends on websockets, orjson and anyio only, and never imports ``broker``
+(``enqueue_tx`` takes a connection of psycopg 3 or asyncpg, and imports neither).
 Errors are ``ConveyorError`` subclasses, one per protocol error code (``sdk._errors``).
 """
 
@@ -38,6 +42,7 @@ from ._errors import (
 )
 from ._types import Fail, Job, JobInfo, Retry
 from ._worker import Worker
+from .transactional import enqueue_tx, enqueue_tx_async
 
 __all__ = [
     "BadFrame",
@@ -62,4 +67,6 @@ __all__ = [
     "UnknownOp",
     "UnsupportedVersion",
     "Worker",
+    "enqueue_tx",
+    "enqueue_tx_async",
 ]

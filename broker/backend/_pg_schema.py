@@ -20,6 +20,9 @@ Tables:
   statement: it walks the claimable rows of each queue in order with ``FOR UPDATE
   SKIP LOCKED``, one row at a time, kills the expired and used-up rows it meets
   (CLM-3 to CLM-5) and claims the rest until it has ``n``.
+* ``conveyor_enqueue``: an enqueue an application makes in its own transaction, from
+  any language (v3, docs/postgres.md): the engine's guards, resolution and keys in SQL,
+  its refusals raised as ``<code>: <field>: <problem>``.
 """
 
 from __future__ import annotations
@@ -288,7 +291,243 @@ BEGIN
 END $$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# v3: conveyor_enqueue, an enqueue made by the caller's own transaction (docs/postgres.md):
+# the engine's guards (ENQ-7 to ENQ-9, LIM-1, LIM-5, LIM-6) and resolution (ENQ-2, ENQ-5,
+# ENQ-6) and the keys' rule (ENQ-10), written again in SQL because an application calls it
+# from any language, with no broker in the call; tests/postgres/test_transactional.py holds
+# the two to the same answers. Only functions: it may run in any order with other steps.
+_V3 = r"""
+CREATE OR REPLACE FUNCTION conveyor_refuse(code text, field text, problem text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    -- The message starts with the protocol's error code and the field, as the broker's
+    -- error replies do; COLUMN carries the field alone for the drivers that show it.
+    RAISE EXCEPTION USING
+        MESSAGE = code || ': ' || field || ': ' || problem,
+        ERRCODE = CASE code WHEN 'too_large' THEN '54000' ELSE '22023' END,
+        COLUMN = field;
+END $$;
+
+-- A value as the engine's messages show it: quoted, cut to 40 characters.
+CREATE OR REPLACE FUNCTION conveyor_describe(value text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(r) <= 40 THEN r ELSE left(r, 37) || '...' END
+    FROM (SELECT '''' || value || '''' AS r) q
+$$;
+
+CREATE OR REPLACE FUNCTION conveyor_finite(field text, value float8) RETURNS float8
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value IN ('NaN'::float8, 'Infinity'::float8, '-Infinity'::float8) THEN
+        PERFORM conveyor_refuse('invalid_argument', field, 'must be finite, got ' || value);
+    END IF;
+    RETURN value;
+END $$;
+
+-- An integer option: a count in [1, high] when low is 1, else a value in [low, high].
+CREATE OR REPLACE FUNCTION conveyor_int(field text, value numeric, low numeric, high numeric)
+RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF value <> trunc(value) THEN
+        PERFORM conveyor_refuse('invalid_argument', field, 'must be an int, got ' || value);
+    ELSIF low = 1 AND value < 1 THEN
+        PERFORM conveyor_refuse('invalid_argument', field, 'must be >= 1, got ' || value);
+    ELSIF low = 1 AND value > high THEN
+        PERFORM conveyor_refuse('invalid_argument', field,
+            'must be at most ' || high || ', got ' || value);
+    ELSIF NOT value BETWEEN low AND high THEN
+        PERFORM conveyor_refuse('invalid_argument', field,
+            'must be in [' || low || ', ' || high || '], got ' || value);
+    END IF;
+    RETURN value::int;
+END $$;
+
+CREATE OR REPLACE FUNCTION conveyor_enqueue(
+    queue text,
+    payload json,
+    priority numeric DEFAULT 0,
+    delay_s float8 DEFAULT NULL,
+    run_at float8 DEFAULT NULL,
+    expires_s float8 DEFAULT NULL,
+    visibility_timeout_s float8 DEFAULT NULL,
+    max_attempts numeric DEFAULT NULL,
+    backoff_base_s float8 DEFAULT NULL,
+    key text DEFAULT NULL
+) RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    -- One "now" for the whole job, from the database's clock (epoch seconds, as the
+    -- brokers' clocks): clock_timestamp, not now(), which is the transaction's start.
+    t float8 := extract(epoch FROM clock_timestamp())::float8;
+    q_name text := conveyor_enqueue.queue;
+    q conveyor_queues%ROWTYPE;
+    prio int;
+    delay float8 := conveyor_enqueue.delay_s;
+    run float8 := conveyor_enqueue.run_at;
+    expires float8 := conveyor_enqueue.expires_s;
+    vis float8 := conveyor_enqueue.visibility_timeout_s;
+    n_attempts int;
+    base float8 := conveyor_enqueue.backoff_base_s;
+    k text := conveyor_enqueue.key;
+    doc text;
+    parsed jsonb;
+    data bytea;
+    lim bigint;
+    ready float8;
+    got bigint;
+    problem text;
+BEGIN
+    -- The queue's name first, as the broker checks it before the job (JOB-3).
+    IF q_name IS NULL THEN
+        PERFORM conveyor_refuse('invalid_argument', 'queue', 'must be a string, got null');
+    END IF;
+    IF q_name !~ '^[A-Za-z0-9._:-]{1,128}$' THEN
+        PERFORM conveyor_refuse('invalid_argument', 'queue',
+            'must be 1 to 128 of A-Z a-z 0-9 . _ - : (no spaces), got '
+            || conveyor_describe(q_name));
+    END IF;
+    -- Made on first use with the plain defaults (ENQ-1), as a broker's enqueue makes it.
+    -- (Looked for first, so that a queue that exists costs no identity number.)
+    INSERT INTO conveyor_queues (name, visibility_timeout_s, max_attempts, backoff_base_s,
+        backoff_max_s, expires_s, retention_s)
+    SELECT q_name, 300, 3, 5, 3600, NULL, NULL
+    WHERE NOT EXISTS (SELECT 1 FROM conveyor_queues cq WHERE cq.name = q_name)
+    ON CONFLICT (name) DO NOTHING;
+    SELECT * INTO STRICT q FROM conveyor_queues cq WHERE cq.name = q_name;
+
+    -- The guards, in the engine's order (Queue.resolve); NULL means "not set".
+    prio := conveyor_int('priority', coalesce(conveyor_enqueue.priority, 0),
+        -2147483648, 2147483647);
+    IF delay IS NOT NULL THEN
+        IF conveyor_finite('delay_s', delay) < 0 THEN
+            PERFORM conveyor_refuse('invalid_argument', 'delay_s', 'must be >= 0, got ' || delay);
+        END IF;
+    END IF;
+    IF run IS NOT NULL THEN
+        PERFORM conveyor_finite('run_at', run);
+    END IF;
+    IF expires IS NOT NULL THEN
+        IF conveyor_finite('expires_s', expires) <= 0 THEN
+            PERFORM conveyor_refuse('invalid_argument', 'expires_s',
+                'must be > 0, got ' || expires);
+        END IF;
+    END IF;
+    IF vis IS NOT NULL THEN
+        IF conveyor_finite('visibility_timeout_s', vis) <= 0 THEN
+            PERFORM conveyor_refuse('invalid_argument', 'visibility_timeout_s',
+                'must be > 0, got ' || vis);
+        END IF;
+    END IF;
+    IF conveyor_enqueue.max_attempts IS NOT NULL THEN
+        n_attempts := conveyor_int('max_attempts', conveyor_enqueue.max_attempts, 1, 2147483647);
+    END IF;
+    IF base IS NOT NULL THEN
+        IF conveyor_finite('backoff_base_s', base) < 0 THEN
+            PERFORM conveyor_refuse('invalid_argument', 'backoff_base_s',
+                'must be >= 0, got ' || base);
+        END IF;
+        IF base > q.backoff_max_s THEN
+            PERFORM conveyor_refuse('invalid_argument', 'backoff_base_s',
+                'must be <= the queue''s backoff_max_s (' || q.backoff_max_s || '), got '
+                || base);
+        END IF;
+    END IF;
+    IF length(k) > 1024 THEN  -- LIM-1
+        PERFORM conveyor_refuse('invalid_argument', 'key',
+            'must be at most 1024 characters, got ' || length(k));
+    END IF;
+    IF k = '' THEN
+        k := NULL;  -- no key (LIM-1)
+    END IF;
+
+    -- The payload: kept as the caller wrote it (the json type keeps the text), checked as
+    -- every frame's decoder will read it: valid Unicode (LIM-5), numbers a double holds,
+    -- at most 254 levels deep (LIM-6), within the size limit.
+    IF conveyor_enqueue.payload IS NULL THEN
+        PERFORM conveyor_refuse('invalid_argument', 'payload',
+            'must be JSON, got SQL NULL (a JSON null is ''null'')');
+    END IF;
+    doc := btrim(conveyor_enqueue.payload::text, E' \t\n\r');
+    BEGIN
+        -- jsonb reads the escapes json leaves as written; it refuses \u0000, which JSON
+        -- allows, so that one is swapped for another escape for this check only.
+        parsed := replace(doc, '\u0000', '\u0020')::jsonb;
+    EXCEPTION WHEN invalid_text_representation OR untranslatable_character THEN
+        GET STACKED DIAGNOSTICS problem = PG_EXCEPTION_DETAIL;
+        PERFORM conveyor_refuse('invalid_argument', 'payload',
+            'must be strict JSON: ' || coalesce(nullif(problem, ''), SQLERRM));
+    END;
+    IF jsonb_path_exists(parsed, 'strict $.** ? (@.type() == "number" &&
+            (@ > 1.7976931348623157e308 || @ < -1.7976931348623157e308))') THEN
+        PERFORM conveyor_refuse('invalid_argument', 'payload',
+            'must be strict JSON, holds a number beyond the range of a double');
+    END IF;
+    IF jsonb_path_exists(parsed,
+            'strict $.**{254} ? (@.type() == "array" || @.type() == "object")') THEN
+        PERFORM conveyor_refuse('invalid_argument', 'payload', 'nests deeper than 254 levels');
+    END IF;
+    data := convert_to(doc, 'UTF8');
+    -- The brokers' limit is their own setting; the database's is this one (1 MiB, the
+    -- brokers' default, unless set: ALTER DATABASE ... SET conveyor.max_payload_bytes).
+    lim := coalesce(nullif(current_setting('conveyor.max_payload_bytes', true), '')::bigint,
+        1048576);
+    IF octet_length(data) > lim THEN
+        PERFORM conveyor_refuse('too_large', 'payload',
+            'is ' || octet_length(data) || ' bytes encoded, over the limit of ' || lim
+            || ' bytes');
+    END IF;
+
+    -- Resolved against the queue: the call wins, then the queue (ENQ-2, ENQ-5, ENQ-6).
+    IF delay IS NOT NULL THEN
+        ready := t + delay;
+    ELSIF run IS NOT NULL THEN
+        ready := greatest(run, t);
+    ELSE
+        ready := t;
+    END IF;
+    expires := coalesce(expires, q.expires_s);
+    -- A key another live job of the queue holds gives that job's id, changing nothing
+    -- (ENQ-10); if that job goes between the insert and the look-up, try again.
+    FOR attempt IN 1..3 LOOP
+        INSERT INTO conveyor_jobs (seq, queue, state, payload, priority, max_attempts,
+            visibility_timeout_s, backoff_base_s, backoff_max_s, enqueued_at, ready_at,
+            expires_at, key, sched)
+        VALUES (nextval('conveyor_job_seq'), q_name, 'pending', data, prio,
+            coalesce(n_attempts, q.max_attempts), coalesce(vis, q.visibility_timeout_s),
+            coalesce(base, q.backoff_base_s), q.backoff_max_s, t, ready, t + expires, k,
+            ready > t)
+        ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        RETURNING seq INTO got;
+        IF got IS NOT NULL THEN
+            -- The insert's trigger tells too; told here as well so that this function
+            -- keeps its promise whatever the triggers become. PostgreSQL delivers the
+            -- notice at commit (none for a rollback), one per queue and transaction.
+            PERFORM pg_notify('conveyor', 'w:' || q_name);
+            EXIT;
+        END IF;
+        SELECT j.seq INTO got FROM conveyor_jobs j WHERE j.queue = q_name AND j.key = k;
+        EXIT WHEN got IS NOT NULL;
+    END LOOP;
+    IF got IS NULL THEN
+        RAISE EXCEPTION 'key: kept changing hands during the enqueue; try again'
+            USING ERRCODE = '40001', COLUMN = 'key';
+    END IF;
+    RETURN (SELECT m.id_prefix FROM conveyor_meta m) || to_hex(got);
+END $$;
+
+-- Its tables are found in the schema it was made in, whatever the caller's search_path
+-- (and never in a temporary schema a caller could fill).
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, '
+        'float8, numeric, float8, text) SET search_path = %I, pg_temp',
+        current_schema()
+    );
+END $$;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
