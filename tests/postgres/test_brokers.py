@@ -11,11 +11,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import psycopg
 import pytest
 
 from broker.config import Config
 from broker.server import Broker, running_broker
-from sdk import Client, Job, Worker
+from sdk import Client, Job, Worker, enqueue_tx_async
 
 from ..conformance.pg import database
 from ..sdk.conftest import Probe
@@ -201,3 +202,29 @@ async def test_a_worker_whose_broker_stops_re_attaches_through_another_and_its_a
             assert runs == [(job_id, runs[0][1])]  # one run: never handed out again
             totals = (await on_b.stats())["long"]["totals"]
             assert (totals["completed"], totals["retried"]) == (1, 0)
+
+
+async def test_a_job_enqueued_in_the_applications_transaction_is_pushed_once_it_commits() -> None:
+    async with database() as dsn:
+        config = Config(port=0, store="postgres", db_path=_url(dsn))
+        async with running_broker(config) as broker, Client(broker.url) as client:
+            got: asyncio.Queue[Job] = asyncio.Queue()
+            worker = Worker(broker.url, prefetch=1)
+
+            @worker.handler("orders")
+            async def handle(job: Job) -> None:
+                await got.put(job)
+
+            async with working(worker), await psycopg.AsyncConnection.connect(dsn) as app:
+                async with app.transaction():
+                    await enqueue_tx_async(app, "orders", {"order": "rolled back"})
+                    raise psycopg.Rollback()  # (the application changed its mind)
+                async with app.transaction():
+                    job_id = await enqueue_tx_async(app, "orders", {"order": "committed"})
+                first = await asyncio.wait_for(got.get(), WAIT)
+                # A job enqueued after both: once it came, the rolled-back one never will.
+                await client.enqueue("orders", {"order": "after"})
+                second = await asyncio.wait_for(got.get(), WAIT)
+            assert (first.id, first.payload) == (job_id, {"order": "committed"})
+            assert second.payload == {"order": "after"}
+            assert got.empty()
