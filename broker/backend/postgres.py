@@ -74,7 +74,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from ..egress import IMMEDIATE, Gate
 from ..engine import (
@@ -93,13 +92,13 @@ from ..scheduler import Handle, Scheduler
 from ..store import StoreError
 from ._base import Backend, Claim, Claimed, Enqueue, Listener, Report
 from ._listeners import Listeners
+from ._pg_conn import Conn, Unavailable, close_quietly, connect, unavailable, why
 from ._pg_schema import migrate
 
 __all__ = ["PostgresBackend", "Unavailable"]
 
 log = logging.getLogger("conveyor.backend")
 
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 T = TypeVar("T")
 
 _HEX_DIGITS = "0123456789abcdef"
@@ -116,15 +115,6 @@ _LEADER_LOCK = 0x636F6E6C
 _HEAR_TICK_S = 0.2
 # The first wait before a connection is made again; it doubles up to reconnect_max_s.
 _RECONNECT_FIRST_S = 0.05
-# Connection settings given unless the DSN names them: a connect that cannot finish, and
-# a peer gone without a word (a half-open TCP connection), end in bounded time.
-_CONNECT_DEFAULTS = {
-    "connect_timeout": "10",
-    "keepalives": "1",
-    "keepalives_idle": "10",
-    "keepalives_interval": "5",
-    "keepalives_count": "3",
-}
 
 EXPIRED = "expired"
 MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
@@ -327,35 +317,8 @@ ORDER BY q.made
 """
 
 
-class Unavailable(StoreError):
-    """The database cannot be reached now (a lost connection, a server restarting, a
-    transaction the server gave up on): the call did not take effect, or its outcome is
-    unknown (its COMMIT went unanswered). Retry later: the backend reconnects by itself.
-    Unlike its base class, not a reason for the broker to stop."""
-
-
 def _error(exc: BaseException) -> StoreError:
     return StoreError(f"postgres: {type(exc).__name__}: {exc}".rstrip())
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-def _unavailable(why: str) -> Unavailable:
-    return Unavailable(f"postgres: unavailable: {why}")
-
-
-def _conninfo(dsn: str) -> str:
-    """``dsn`` with ``_CONNECT_DEFAULTS`` for what it does not name."""
-    given = conninfo_to_dict(dsn)
-    extra = {key: value for key, value in _CONNECT_DEFAULTS.items() if key not in given}
-    return make_conninfo(dsn, **extra)
-
-
-async def _connect(dsn: str) -> Conn:
-    return await psycopg.AsyncConnection.connect(_conninfo(dsn), autocommit=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -478,9 +441,9 @@ class PostgresBackend:
         if id_prefix is None:
             id_prefix = secrets.token_hex(4) + "-"
         try:
-            conn: Conn = await _connect(dsn)
+            conn: Conn = await connect(dsn)
         except (psycopg.Error, OSError) as exc:
-            raise _unavailable(f"cannot connect: {exc}") from exc
+            raise unavailable(f"cannot connect: {exc}") from exc
         backend: PostgresBackend | None = None
         try:
             prefix = await migrate(conn, id_prefix)
@@ -502,9 +465,9 @@ class PostgresBackend:
             if backend is not None:
                 await backend.close()
             else:
-                await backend_close(conn)
+                await close_quietly(conn)
             if isinstance(exc, psycopg.OperationalError | OSError):
-                raise _unavailable(_why(exc)) from exc
+                raise unavailable(why(exc)) from exc
             if isinstance(exc, psycopg.Error):
                 raise _error(exc) from exc
             raise
@@ -534,7 +497,7 @@ class PostgresBackend:
         """The main connection; raises ``Unavailable`` while it is lost."""
         conn = self._main
         if conn is None:
-            raise _unavailable(self._down or "no connection")
+            raise unavailable(self._down or "no connection")
         return conn
 
     def _check(self) -> None:
@@ -560,9 +523,9 @@ class PostgresBackend:
         fails the backend."""
         if isinstance(exc, OSError) or conn.closed or conn.broken:
             self._lose_main(conn, exc)
-            return _unavailable(_why(exc))
+            return unavailable(why(exc))
         if isinstance(exc, psycopg.OperationalError):
-            return _unavailable(_why(exc))
+            return unavailable(why(exc))
         return self._fail(exc)
 
     async def _call(self, work: Callable[[float], Awaitable[T]], *, changes: bool) -> T:
@@ -595,9 +558,9 @@ class PostgresBackend:
         if self._main is not conn:
             return
         self._main = None
-        self._down = _why(exc)
+        self._down = why(exc)
         log.warning("postgres: lost the connection (%s); making it again", self._down)
-        asyncio.get_running_loop().create_task(backend_close(conn))
+        asyncio.get_running_loop().create_task(close_quietly(conn))
         if not self._closed and (self._reviver is None or self._reviver.done()):
             self._reviver = asyncio.get_running_loop().create_task(self._revive())
 
@@ -608,14 +571,14 @@ class PostgresBackend:
         delay = _RECONNECT_FIRST_S
         while not self._closed:
             try:
-                conn = await _connect(self._dsn)
+                conn = await connect(self._dsn)
             except (psycopg.Error, OSError) as exc:
-                self._down = f"cannot connect: {_why(exc)}"
+                self._down = f"cannot connect: {why(exc)}"
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._reconnect_max_s)
                 continue
             if self._closed:
-                await backend_close(conn)
+                await close_quietly(conn)
                 return
             self._main = conn
             self._own_pid = conn.info.backend_pid
@@ -652,11 +615,11 @@ class PostgresBackend:
         self._heard = asyncio.get_running_loop().create_task(self._hear_forever())
 
     async def _listen(self) -> Conn:
-        hearing = await _connect(self._dsn)
+        hearing = await connect(self._dsn)
         try:
             await hearing.execute("LISTEN conveyor")
         except BaseException:
-            await backend_close(hearing)
+            await close_quietly(hearing)
             raise
         return hearing
 
@@ -672,7 +635,7 @@ class PostgresBackend:
                     delay = min(delay * 2, self._reconnect_max_s)
                     continue
                 if self._closed:
-                    await backend_close(hearing)
+                    await close_quietly(hearing)
                     return
                 delay = _RECONNECT_FIRST_S
                 self._hearing = hearing
@@ -688,7 +651,7 @@ class PostgresBackend:
             except Exception as exc:  # (any: hearing must go on whatever broke it)
                 if self._closed:
                     return
-                log.warning("postgres: no longer hearing other brokers (%s)", _why(exc))
+                log.warning("postgres: no longer hearing other brokers (%s)", why(exc))
                 self._hearing = None
                 if self._leading:
                     self._leading = False
@@ -697,7 +660,7 @@ class PostgresBackend:
                     self._lead_timer.cancel()
                     self._lead_timer = None
                 self._want_lead = True  # at once, when connected again
-                await backend_close(hearing)
+                await close_quietly(hearing)
 
     async def _hear(self, hearing: Conn) -> None:
         """Tell listeners what the notices say, and do the chores the timers asked for,
@@ -1598,21 +1561,15 @@ class PostgresBackend:
                         hearing.execute("SELECT pg_advisory_unlock(%s)", (_LEADER_LOCK,)), 5
                     )
             self._leading = False
-            await backend_close(hearing)
+            await close_quietly(hearing)
         async with self._lock:
             main, self._main = self._main, None
             if main is not None:
-                await backend_close(main)
+                await close_quietly(main)
 
 
 async def _nothing() -> None:
     return None
-
-
-async def backend_close(conn: Conn) -> None:
-    """Close ``conn``; a connection already lost closes as well."""
-    with contextlib.suppress(psycopg.Error, OSError):
-        await conn.close()
 
 
 def _worker_problem(claim: Claim) -> InvalidArgument | None:

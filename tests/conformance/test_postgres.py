@@ -15,7 +15,7 @@ import pytest
 from broker.backend import Claim, Enqueue
 from broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
 from broker.backend.postgres import PostgresBackend, Unavailable
-from broker.engine import NewJob
+from broker.engine import JobState, NewJob
 from broker.scheduler import SteppedScheduler
 from broker.store import StoreError
 
@@ -259,3 +259,82 @@ async def test_an_unreachable_server_is_a_store_error() -> None:
             SteppedScheduler(start=START),
             max_payload_bytes=1 << 20,
         )
+
+
+async def test_one_broker_leads_and_another_takes_over_when_it_closes(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    retry = 10.0
+    one = await _open(dsn, clock, 1)
+    two = await PostgresBackend.open(
+        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(2), lead_retry_s=retry
+    )
+    heard = Heard()
+    two.listen(heard)
+    try:
+        assert (one.is_leader, two.is_leader) == (True, False)
+        # A broker that does not lead still claims what matured, and its timer still
+        # tells its listener when a delayed job matures.
+        (later,) = await two.enqueue([Enqueue("q", 1, delay_s=2.0)])
+        heard.forget()
+        await asyncio.sleep(0)
+        clock.advance(2.0)
+        assert heard.told_work("q")
+        (got,) = await two.claim([Claim("w", ("q",), 1)])
+        assert [c.id for c in got] == [later]
+        await one.close()
+        # Nobody sweeps now: a job that expires stays as it was until a leader does.
+        (doomed,) = await two.enqueue([Enqueue("q", 2, expires_s=1.0)])
+        assert isinstance(doomed, str)
+        await asyncio.sleep(0)
+        clock.advance(1.0)
+        await asyncio.sleep(0.3)
+        (job,) = await two.get_jobs([doomed])
+        assert job is not None and job.state is JobState.PENDING
+        assert not two.is_leader
+        # Its next try (on its clock) takes the lead, and it sweeps what is overdue.
+        clock.advance(retry)
+        await _until(lambda: two.is_leader)
+
+        async def expired() -> bool:
+            (job,) = await two.get_jobs([doomed])
+            return job is not None and job.state is JobState.DEAD
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while not await expired():
+            assert loop.time() < end, "the new leader did not sweep"
+            await asyncio.sleep(0.02)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_the_lead_goes_with_the_leaders_session(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        assert (one.is_leader, two.is_leader) == (True, False)
+        hearing = one._hearing
+        assert hearing is not None
+        await _terminate(dsn, [hearing.info.backend_pid])
+        # One of the two takes the lead: the one cut off when it is connected again, or
+        # the other at its next try; never both.
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while not (one._hearing not in (None, hearing) and one.is_leader != two.is_leader):
+            assert not (one.is_leader and two.is_leader)
+            assert loop.time() < end, "no broker took the lead"
+            await asyncio.sleep(0.05)
+            clock.advance(1.0)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objid = %s AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                (0x636F6E6C,),
+            )
+            assert await cur.fetchall() == [(1,)]
+    finally:
+        await one.close()
+        await two.close()
