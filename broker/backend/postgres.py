@@ -560,14 +560,14 @@ class PostgresBackend:
         self._main = None
         self._down = why(exc)
         log.warning("postgres: lost the connection (%s); making it again", self._down)
-        asyncio.get_running_loop().create_task(close_quietly(conn))
-        if not self._closed and (self._reviver is None or self._reviver.done()):
-            self._reviver = asyncio.get_running_loop().create_task(self._revive())
+        if self._reviver is None or self._reviver.done():
+            self._reviver = asyncio.get_running_loop().create_task(self._revive(conn))
 
-    async def _revive(self) -> None:
+    async def _revive(self, lost: Conn) -> None:
         """Make the main connection again, with a bounded backoff; then tell listeners
         that work may be waiting (calls failed meanwhile, claims among them) and set the
         timer again."""
+        await close_quietly(lost)
         delay = _RECONNECT_FIRST_S
         while not self._closed:
             try:
@@ -682,7 +682,7 @@ class PostgresBackend:
         if kind == "w":
             self._listeners.work_waiting(frozenset([what]))
             self._refresh_timer()  # the change may have brought an event nearer
-        elif kind == "c":
+        elif kind == "c" and what.isascii() and what.isdigit():
             self._listeners.cancelled([self._id(int(what))])
 
     async def _try_lead(self, hearing: Conn) -> None:
