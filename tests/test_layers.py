@@ -99,13 +99,13 @@ def test_backends_stand_below_the_server(path: Path) -> None:
         assert module.split(".")[0] not in {"sdk", "websockets"}, f"{path.name}: {module}"
 
 
-@pytest.mark.parametrize("name", ["postgres.py", "_pg_schema.py"])
+@pytest.mark.parametrize("name", ["postgres.py", "_pg_schema.py", "_pg_conn.py", "_pg_clock.py"])
 def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> None:
     # The engine (its rules and guards), the store's error, the scheduler, the backend
     # interface, the egress gate, and psycopg: no commit gate (every call commits itself).
     allowed = ("broker.engine", "broker.store", "broker.scheduler", "broker.backend._base",
                "broker.backend._listeners", "broker.backend._pg_schema",
-               "broker.egress")  # fmt: skip
+               "broker.backend._pg_conn", "broker.egress")  # fmt: skip
     for module in imports(ROOT / "broker/backend" / name):
         if module.startswith("broker."):
             assert module.startswith(allowed), f"{name}: {module}"
@@ -114,7 +114,7 @@ def test_the_postgres_backend_knows_only_the_table_and_psycopg(name: str) -> Non
             module.split(".")[0] == "psycopg" for module in imports(path)
         )
     ]  # fmt: skip
-    assert sorted(psycopg_users) == ["_pg_schema.py", "postgres.py"]
+    assert sorted(psycopg_users) == ["_pg_clock.py", "_pg_conn.py", "_pg_schema.py", "postgres.py"]
 
 
 def engine_names(path: Path) -> set[str]:

@@ -11,15 +11,55 @@ The rules are the engine's (``broker/engine``): arguments go through its guards,
 a job's options resolve against its queue's as the engine resolves them, so that every
 answer is the local backend's. *Now* is the injected scheduler's clock, passed to each
 statement (never the server's ``now()``); the retry curve draws from the injected rng,
-once per retry that uses it, in the order of the reports (RTY-1).
+once per retry that uses it, in the order of the reports (RTY-1). In production that
+clock is the database's (``_pg_clock.database_scheduler``), one clock for every broker.
+
+Two connections. The *main* one runs the calls. The *hearing* one listens on the
+channel ``conveyor``, where the jobs' triggers tell of work other brokers made (enqueue,
+retry, lapse, redrive, resume) and of their cancels; it also holds the leader lock, and
+runs the fallback poll.
+
+Lost connections. A connection lost (the server restarted, the network broke) fails the
+call in flight and every call made until it is back with ``Unavailable`` (a
+``StoreError``: retry later), among them a call whose COMMIT was sent but not answered
+(its outcome is unknown: it is never reported as done). Each connection is made again in
+the background with a bounded backoff; ``on_failure`` is not called. Once the main one
+is back, or the hearing one (notices may have been missed meanwhile), listeners are told
+that work may be waiting (``work_waiting(None)``) and the timer is set again. A
+statement the server refuses for any other reason (a bug, a constraint) fails the
+backend for good, as a broken store does: ``on_failure`` is called and every later call
+raises that ``StoreError``.
 
 Time: after each change one indexed query finds the table's next timed event (TIM-4:
 a job maturing, a lease lapsing, an expiry, a dead row's retention ending) and one
 timer on the scheduler is kept set for it. When it fires, listeners are told that work
-may be waiting, and the table is swept at the time it fired, and again at each later
-event the clock has already passed (a manual clock may jump past several), before any
-other call runs. Changes made by other brokers are not heard of (no LISTEN/NOTIFY):
-their events are found at this broker's next change or timer.
+may be waiting. The *leader* then sweeps the table at the time the timer fired, and
+again at each later event the clock has already passed (a manual clock may jump past
+several), before any other call runs. One broker on a database at a time is the
+leader: the one holding the session advisory lock ``_LEADER_LOCK`` on its hearing
+connection (it goes with the session, so a broker that dies or loses its connection
+hands over by itself). The others try to take it every ``lead_retry_s`` of the
+scheduler's clock; they keep a timer for the events that make work claimable (a job
+maturing, a lease lapsing) only, and claim as the leader does: a matured job and a
+lapsed lease are claimable without a sweep (the claim function reads ``due``, CLM-2 and
+CLM-6, and kills the expired and used-up rows it meets, CLM-3 to CLM-5). Two leaders at
+once for a moment (one that has not yet noticed it lost its session) only sweep twice:
+sweeps are ordinary transactions, safe side by side.
+
+A notice cannot be lost while the hearing connection is up, but a change may be made
+without one (SQL run by hand with the triggers off). So every ``poll_s`` of the
+scheduler's clock the hearing connection reads the server's transaction snapshot (one
+tiny query, no table read): if any transaction ended since the last poll, listeners are
+told that work may be waiting and the next timed event is looked up again. Any write on
+the server changes the snapshot, so on a busy server this tells every poll: the cost is
+one claim per queue with waiting workers per poll.
+
+Advisory lock ids (``pg_advisory_lock``'s one-bigint key space of the database):
+
+* ``0x636F6E76`` ("conv"): the migration's transaction (``_pg_schema._LOCK_ID``).
+* ``0x636F6E77`` ("conw"): folding the counters (``_FOLD_LOCK``), per transaction.
+* ``0x636F6E6C`` ("conl"): the leader (``_LEADER_LOCK``), per session, on the hearing
+  connection.
 """
 
 from __future__ import annotations
@@ -52,13 +92,13 @@ from ..scheduler import Handle, Scheduler
 from ..store import StoreError
 from ._base import Backend, Claim, Claimed, Enqueue, Listener, Report
 from ._listeners import Listeners
+from ._pg_conn import Conn, Unavailable, close_quietly, connect, unavailable, why
 from ._pg_schema import migrate
 
-__all__ = ["PostgresBackend"]
+__all__ = ["PostgresBackend", "Unavailable"]
 
 log = logging.getLogger("conveyor.backend")
 
-Conn = psycopg.AsyncConnection[tuple[Any, ...]]
 T = TypeVar("T")
 
 _HEX_DIGITS = "0123456789abcdef"
@@ -68,6 +108,13 @@ _MAX_EXPONENT = 1023
 _N_MAX = 2**31 - 1
 # Held while the counters are folded (see _FOLD).
 _FOLD_LOCK = 0x636F6E77
+# Held, per session, by the one broker that sweeps (the leader), on its hearing connection.
+_LEADER_LOCK = 0x636F6E6C
+# How long the hearing connection waits for a notice before it looks at its chores (a
+# leader attempt, a poll, closing): the real-time delay of those, at most.
+_HEAR_TICK_S = 0.2
+# The first wait before a connection is made again; it doubles up to reconnect_max_s.
+_RECONNECT_FIRST_S = 0.05
 
 EXPIRED = "expired"
 MAX_ATTEMPTS_EXCEEDED = "max attempts exceeded"
@@ -226,6 +273,17 @@ SELECT least(
 )
 """
 
+# A broker that does not sweep (not the leader) waits only for what makes work
+# claimable: a job maturing, a lease lapsing. (The leader's events that are already past,
+# an expiry or a retention ending, would fire its timer again at once until swept.)
+_NEXT_CLAIMABLE = """
+SELECT least(
+    (SELECT min(ready_at) FROM conveyor_jobs WHERE state = 'pending' AND ready_at > %(now)s),
+    (SELECT min(deadline) FROM conveyor_jobs
+        WHERE state = 'processing' AND deadline > %(now)s)
+)
+"""
+
 _MATURE = """
 UPDATE conveyor_jobs SET sched = false
 WHERE sched AND ready_at <= %(now)s AND (%(names)s::text[] IS NULL OR queue = ANY(%(names)s))
@@ -283,9 +341,10 @@ class PostgresBackend:
     """``Backend`` on a PostgreSQL database. Make it with ``await PostgresBackend.open``
     on the running event loop; call it there.
 
-    ``scheduler``'s clock is the table's. ``on_failure`` is called once if the database
-    fails (connection lost, a statement refused); that call and every later one raise
-    ``StoreError``.
+    ``scheduler``'s clock is the table's. A lost connection makes calls raise
+    ``Unavailable`` until it is back (see the module docstring). ``on_failure`` is
+    called once if the database refuses a statement for any other reason; that call and
+    every later one raise ``StoreError``.
     """
 
     name = "postgres"
@@ -300,16 +359,35 @@ class PostgresBackend:
         scheduler: Scheduler,
         id_prefix: str,
         *,
+        dsn: str,
         max_payload_bytes: int,
         rng: random.Random,
         on_failure: Callable[[StoreError], None],
+        poll_s: float = 1.0,
+        lead_retry_s: float = 1.0,
+        reconnect_max_s: float = 2.0,
     ) -> None:
         """Use ``open``: this takes a connection already migrated."""
-        self._conn = conn
+        for field, value in (
+            ("poll_s", poll_s),
+            ("lead_retry_s", lead_retry_s),
+            ("reconnect_max_s", reconnect_max_s),
+        ):
+            if not value > 0:
+                raise ValueError(f"{field}: must be > 0, got {value!r}")
+        self._dsn = dsn
+        # The main connection; None while it is lost (``_down`` says why).
+        self._main: Conn | None = conn
+        self._own_pid = conn.info.backend_pid
+        self._down: str | None = None
+        self._reviver: asyncio.Task[None] | None = None
         self._scheduler = scheduler
         self.id_prefix = id_prefix
         self._rng = rng
         self._on_failure = on_failure
+        self._poll_s = poll_s
+        self._lead_retry_s = lead_retry_s
+        self._reconnect_max_s = reconnect_max_s
         # The engine checks each job's options and resolves them against its queue's:
         # a table holding no job, whose queues carry the options read from the database.
         self._rules = JobTable(
@@ -324,11 +402,19 @@ class PostgresBackend:
         self._sweeper: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
         self._closed = False
-        # What other brokers tell on the channel "conveyor" (see _pg_schema, v2).
+        # The hearing connection (see the module docstring); None while it is lost.
         self._hearing: Conn | None = None
         self._heard: asyncio.Task[None] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._last: asyncio.Task[Any] | None = None
+        self._leading = False
+        # Chores of the hearing connection, asked for by the scheduler's timers: exactly
+        # one of (timer set, chore asked for) holds for each while it is due.
+        self._lead_timer: Handle | None = None
+        self._want_lead = False
+        self._poll_timer: Handle | None = None
+        self._want_poll = False
+        self._snapshot: str | None = None
 
     @classmethod
     async def open(
@@ -340,15 +426,24 @@ class PostgresBackend:
         rng: random.Random | None = None,
         id_prefix: str | None = None,
         on_failure: Callable[[StoreError], None] = lambda exc: None,
+        poll_s: float = 1.0,
+        lead_retry_s: float = 1.0,
+        reconnect_max_s: float = 2.0,
     ) -> PostgresBackend:
-        """Connect to ``dsn``, make or migrate the schema and find the next timed event.
-        ``id_prefix`` is used for a new database only. Raises ``StoreError``."""
+        """Connect to ``dsn``, make or migrate the schema, try to become the leader and
+        find the next timed event. ``id_prefix`` is used for a new database only.
+
+        ``poll_s``: the fallback poll's period, ``lead_retry_s``: how often a broker
+        that is not the leader tries to become it, both on ``scheduler``'s clock;
+        ``reconnect_max_s``: the longest wait between two attempts to make a lost
+        connection again (real time). Raises ``StoreError`` (the database cannot be
+        reached now: ``Unavailable``)."""
         if id_prefix is None:
             id_prefix = secrets.token_hex(4) + "-"
         try:
-            conn: Conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        except psycopg.Error as exc:
-            raise StoreError(f"postgres: cannot connect: {exc}") from exc
+            conn: Conn = await connect(dsn)
+        except (psycopg.Error, OSError) as exc:
+            raise unavailable(f"cannot connect: {exc}") from exc
         backend: PostgresBackend | None = None
         try:
             prefix = await migrate(conn, id_prefix)
@@ -356,17 +451,23 @@ class PostgresBackend:
                 conn,
                 scheduler,
                 prefix,
+                dsn=dsn,
                 max_payload_bytes=max_payload_bytes,
                 rng=random.Random() if rng is None else rng,
                 on_failure=on_failure,
+                poll_s=poll_s,
+                lead_retry_s=lead_retry_s,
+                reconnect_max_s=reconnect_max_s,
             )
+            await backend._start_hearing()
             backend._arm_timer(await backend._next_event(scheduler.now()))
-            await backend._start_hearing(dsn)
         except BaseException as exc:
             if backend is not None:
                 await backend.close()
             else:
-                await backend_close(conn)
+                await close_quietly(conn)
+            if isinstance(exc, psycopg.OperationalError | OSError):
+                raise unavailable(why(exc)) from exc
             if isinstance(exc, psycopg.Error):
                 raise _error(exc) from exc
             raise
@@ -380,6 +481,25 @@ class PostgresBackend:
     def listen(self, listener: Listener) -> None:
         self._listeners.add(listener)
 
+    @property
+    def is_leader(self) -> bool:
+        """Whether this broker is the one on its database that sweeps (holds the leader
+        lock)."""
+        return self._leading
+
+    @property
+    def available(self) -> bool:
+        """Whether the main connection is up (calls raise ``Unavailable`` while not)."""
+        return self._main is not None and self.failed is None and not self._closed
+
+    @property
+    def _conn(self) -> Conn:
+        """The main connection; raises ``Unavailable`` while it is lost."""
+        conn = self._main
+        if conn is None:
+            raise unavailable(self._down or "no connection")
+        return conn
+
     def _check(self) -> None:
         if self.failed is not None:
             raise self.failed
@@ -389,11 +509,24 @@ class PostgresBackend:
     def _fail(self, exc: BaseException) -> StoreError:
         if self.failed is None:
             self.failed = exc if isinstance(exc, StoreError) else _error(exc)
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            for timer in (self._timer, self._lead_timer, self._poll_timer):
+                if timer is not None:
+                    timer.cancel()
+            self._timer = self._lead_timer = self._poll_timer = None
             self._on_failure(self.failed)
         return self.failed
+
+    def _trouble(self, conn: Conn, exc: BaseException) -> StoreError:
+        """What ``exc``, raised by a call on ``conn``, makes of the backend and the call:
+        a lost connection (made again in the background) and a transaction the server
+        gave up on (a deadlock, a cancel, a full disk) are ``Unavailable``; anything else
+        fails the backend."""
+        if isinstance(exc, OSError) or conn.closed or conn.broken:
+            self._lose_main(conn, exc)
+            return unavailable(why(exc))
+        if isinstance(exc, psycopg.OperationalError):
+            return unavailable(why(exc))
+        return self._fail(exc)
 
     async def _call(self, work: Callable[[float], Awaitable[T]], *, changes: bool) -> T:
         """Run ``work(now)`` alone on the connection, after any sweep the timer asked
@@ -401,15 +534,59 @@ class PostgresBackend:
         self._check()
         async with self._lock:
             self._check()
+            conn = self._conn
             try:
                 await self._catch_up()
                 now = self.now()
                 result = await work(now)
-                if changes:
-                    self._arm_timer(await self._next_event(now))
             except (psycopg.Error, OSError) as exc:
-                raise self._fail(exc) from exc
+                raise self._trouble(conn, exc) from exc
+            if changes:
+                try:
+                    self._arm_timer(await self._next_event(now))
+                except (psycopg.Error, OSError) as exc:
+                    problem = self._trouble(conn, exc)
+                    if not isinstance(problem, Unavailable):
+                        raise problem from exc
+                    # The work committed: its result stands. The timer is set again
+                    # once the connection is back.
             return result
+
+    # -- lost connections ------------------------------------------------------------------
+
+    def _lose_main(self, conn: Conn, exc: BaseException) -> None:
+        if self._main is not conn:
+            return
+        self._main = None
+        self._down = why(exc)
+        log.warning("postgres: lost the connection (%s); making it again", self._down)
+        if self._reviver is None or self._reviver.done():
+            self._reviver = asyncio.get_running_loop().create_task(self._revive(conn))
+
+    async def _revive(self, lost: Conn) -> None:
+        """Make the main connection again, with a bounded backoff; then tell listeners
+        that work may be waiting (calls failed meanwhile, claims among them) and set the
+        timer again."""
+        await close_quietly(lost)
+        delay = _RECONNECT_FIRST_S
+        while not self._closed:
+            try:
+                conn = await connect(self._dsn)
+            except (psycopg.Error, OSError) as exc:
+                self._down = f"cannot connect: {why(exc)}"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._reconnect_max_s)
+                continue
+            if self._closed:
+                await close_quietly(conn)
+                return
+            self._main = conn
+            self._own_pid = conn.info.backend_pid
+            self._down = None
+            log.warning("postgres: connected again")
+            self._listeners.work_waiting(None)
+            self._refresh_timer()
+            return
 
     def _id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
@@ -426,34 +603,130 @@ class PostgresBackend:
         seq = int(digits, 16)
         return seq if seq <= _SEQ_MAX else None
 
-    # -- other brokers ---------------------------------------------------------------------
+    # -- other brokers, the leader lock, the fallback poll ---------------------------------
 
-    async def _start_hearing(self, dsn: str) -> None:
-        """Listen on a second connection for what other brokers' changes tell."""
-        self._hearing = hearing = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
-        await hearing.execute("LISTEN conveyor")
-        self._heard = asyncio.get_running_loop().create_task(self._hear(hearing))
+    async def _start_hearing(self) -> None:
+        """Make the hearing connection, try to become the leader, and hear from then on
+        (making the connection again whenever it is lost)."""
+        hearing = await self._listen()
+        self._hearing = hearing
+        await self._try_lead(hearing)
+        await self._poll(hearing)
+        self._heard = asyncio.get_running_loop().create_task(self._hear_forever())
+
+    async def _listen(self) -> Conn:
+        hearing = await connect(self._dsn)
+        try:
+            await hearing.execute("LISTEN conveyor")
+        except BaseException:
+            await close_quietly(hearing)
+            raise
+        return hearing
+
+    async def _hear_forever(self) -> None:
+        delay = _RECONNECT_FIRST_S
+        while not self._closed:
+            hearing = self._hearing
+            if hearing is None:
+                try:
+                    hearing = await self._listen()
+                except (psycopg.Error, OSError):
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self._reconnect_max_s)
+                    continue
+                if self._closed:
+                    await close_quietly(hearing)
+                    return
+                delay = _RECONNECT_FIRST_S
+                self._hearing = hearing
+                self._snapshot = None
+                log.warning("postgres: hearing other brokers again")
+                # Notices sent while the connection was lost are lost with it.
+                self._listeners.work_waiting(None)
+                self._refresh_timer()
+            try:
+                await self._hear(hearing)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # (any: hearing must go on whatever broke it)
+                if self._closed:
+                    return
+                log.warning("postgres: no longer hearing other brokers (%s)", why(exc))
+                self._hearing = None
+                if self._leading:
+                    self._leading = False
+                    log.warning("postgres: no longer the leader")
+                if self._lead_timer is not None:
+                    self._lead_timer.cancel()
+                    self._lead_timer = None
+                self._want_lead = True  # at once, when connected again
+                await close_quietly(hearing)
 
     async def _hear(self, hearing: Conn) -> None:
-        own = self._conn.info.backend_pid
-        try:
-            async for note in hearing.notifies():
-                if note.pid == own:
-                    continue  # this backend's own change: its call told the listeners
-                kind, _, what = note.payload.partition(":")
-                if kind == "w":
-                    self._listeners.work_waiting(frozenset([what]))
-                    self._refresh_timer()  # the change may have brought an event nearer
-                elif kind == "c":
-                    self._listeners.cancelled([self._id(int(what))])
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the main connection's next call finds the failure too
-            if not self._closed:
-                log.warning("postgres: no longer hearing other brokers: %s", exc)
+        """Tell listeners what the notices say, and do the chores the timers asked for,
+        until the connection fails (raises) or the backend closes."""
+        while not self._closed:
+            async for note in hearing.notifies(timeout=_HEAR_TICK_S):
+                self._heard_note(note)
+            if self._want_lead and not self._closed:
+                self._want_lead = False
+                await self._try_lead(hearing)
+            if self._want_poll and not self._closed:
+                self._want_poll = False
+                await self._poll(hearing)
+
+    def _heard_note(self, note: psycopg.Notify) -> None:
+        if note.pid == self._own_pid:
+            return  # this backend's own change: its call told the listeners
+        kind, _, what = note.payload.partition(":")
+        if kind == "w":
+            self._listeners.work_waiting(frozenset([what]))
+            self._refresh_timer()  # the change may have brought an event nearer
+        elif kind == "c" and what.isascii() and what.isdigit():
+            self._listeners.cancelled([self._id(int(what))])
+
+    async def _try_lead(self, hearing: Conn) -> None:
+        """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
+        if self._leading:
+            return
+        cur = await hearing.execute("SELECT pg_try_advisory_lock(%s)", (_LEADER_LOCK,))
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            self._leading = True
+            log.info("postgres: this broker is the leader (it sweeps)")
+            self._refresh_timer()  # the leader's timer waits for more events
+        elif not self._closed and self.failed is None:
+            self._lead_timer = self._scheduler.call_at(
+                self.now() + self._lead_retry_s, self._on_lead_timer
+            )
+
+    def _on_lead_timer(self) -> None:
+        self._lead_timer = None
+        self._want_lead = True
+
+    async def _poll(self, hearing: Conn) -> None:
+        """The fallback poll: if any transaction ended since the last poll, the table
+        may have changed without a notice."""
+        cur = await hearing.execute("SELECT pg_current_snapshot()::text")
+        row = await cur.fetchone()
+        snapshot = None if row is None else str(row[0])
+        if self._snapshot is not None and snapshot != self._snapshot:
+            self._listeners.work_waiting(None)
+            self._refresh_timer()
+        self._snapshot = snapshot
+        if not self._closed and self.failed is None:
+            self._poll_timer = self._scheduler.call_at(
+                self.now() + self._poll_s, self._on_poll_timer
+            )
+
+    def _on_poll_timer(self) -> None:
+        self._poll_timer = None
+        self._want_poll = True
 
     def _refresh_timer(self) -> None:
         """Look up the next timed event again soon (once for a burst of news)."""
+        if self._closed or self.failed is not None:
+            return
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_now())
 
@@ -461,12 +734,13 @@ class PostgresBackend:
         try:
             await self._call(lambda now: _nothing(), changes=True)
         except StoreError:
-            pass  # failed: on_failure was told, and every later call raises
+            pass  # unavailable (looked up again once connected) or failed (on_failure told)
 
     # -- time ------------------------------------------------------------------------------
 
     async def _next_event(self, now: float) -> float | None:
-        cur = await self._conn.execute(_NEXT_EVENT, {"now": now})
+        query = _NEXT_EVENT if self._leading else _NEXT_CLAIMABLE
+        cur = await self._conn.execute(query, {"now": now})
         row = await cur.fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
@@ -499,23 +773,32 @@ class PostgresBackend:
         try:
             await self._call(lambda now: _nothing(), changes=False)
         except StoreError:
-            pass  # failed: on_failure was told, and every later call raises
+            pass  # unavailable (swept once connected) or failed (on_failure was told)
 
     async def _catch_up(self) -> None:
-        """Sweep at the time the timer fired, then at each later event already passed,
-        in time order: what sweeping at each event as it came would have done."""
+        """The leader sweeps at the time the timer fired, then at each later event
+        already passed, in time order: what sweeping at each event as it came would have
+        done. Another broker only sets its timer again."""
         at = self._due_at
         if at is None:
             return
         self._due_at = None
-        while True:
-            await self._sweep_at(at)
-            nxt = await self._next_event(at)
-            if nxt is not None and at < nxt <= self.now():
-                at = nxt
-                continue
-            self._arm_timer(nxt, sweep_now=False)
-            return
+        try:
+            if not self._leading:
+                self._arm_timer(await self._next_event(self.now()), sweep_now=False)
+                return
+            while True:
+                await self._sweep_at(at)
+                nxt = await self._next_event(at)
+                if nxt is not None and at < nxt <= self.now():
+                    at = nxt
+                    continue
+                self._arm_timer(nxt, sweep_now=False)
+                return
+        except BaseException:
+            if self._due_at is None:
+                self._due_at = at  # not done: the next call does it (a sweep is idempotent)
+            raise
 
     async def _sweep_at(self, now: float) -> SweepResult:
         conn = self._conn
@@ -1256,31 +1539,37 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._lead_timer, self._poll_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._lead_timer = self._poll_timer = None
         for task in (self._sweeper, self._refresh):
             if task is not None and not task.done():
                 await task  # (it raises nothing)
-        heard = self._heard
-        if heard is not None:
-            heard.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heard
-        if self._hearing is not None:
-            await backend_close(self._hearing)
+        for task in (self._heard, self._reviver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        hearing, self._hearing = self._hearing, None
+        if hearing is not None:
+            if self._leading:
+                # Hand the lead over now, not when the server notices the session ended:
+                # a broker started next on the database is the leader from its start.
+                with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
+                    await asyncio.wait_for(
+                        hearing.execute("SELECT pg_advisory_unlock(%s)", (_LEADER_LOCK,)), 5
+                    )
+            self._leading = False
+            await close_quietly(hearing)
         async with self._lock:
-            await backend_close(self._conn)
+            main, self._main = self._main, None
+            if main is not None:
+                await close_quietly(main)
 
 
 async def _nothing() -> None:
     return None
-
-
-async def backend_close(conn: Conn) -> None:
-    """Close ``conn``; a connection already lost closes as well."""
-    with contextlib.suppress(psycopg.Error, OSError):
-        await conn.close()
 
 
 def _worker_problem(claim: Claim) -> InvalidArgument | None:

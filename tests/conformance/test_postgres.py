@@ -14,8 +14,8 @@ import pytest
 
 from broker.backend import Claim, Enqueue
 from broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
-from broker.backend.postgres import PostgresBackend
-from broker.engine import NewJob
+from broker.backend.postgres import PostgresBackend, Unavailable
+from broker.engine import JobState, NewJob
 from broker.scheduler import SteppedScheduler
 from broker.store import StoreError
 
@@ -150,33 +150,204 @@ async def test_a_schema_newer_than_the_code_is_refused(dsn: str) -> None:
     assert f"version {SCHEMA_VERSION + 1}" in message and f"{SCHEMA_VERSION}" in message
 
 
-async def test_a_lost_connection_fails_the_call_and_every_later_one(dsn: str) -> None:
+async def _terminate(dsn: str, pids: list[int] | None = None) -> None:
+    """End the sessions ``pids`` (every other session on the database for ``None``), as a
+    server restart or a network failure would."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND (%s::int[] IS NULL OR pid = ANY(%s::int[]))",
+            (pids, pids),
+        )
+
+
+async def _available(backend: PostgresBackend, timeout: float = 20.0) -> None:
+    """Wait (on the real clock) until the backend has its connections back."""
+    await _until(lambda: backend.available, timeout)
+
+
+async def test_a_lost_connection_makes_calls_unavailable_until_it_is_made_again(
+    dsn: str,
+) -> None:
+    failures: list[StoreError] = []
+    backend = await PostgresBackend.open(
+        dsn, SteppedScheduler(start=START), max_payload_bytes=1 << 20,
+        on_failure=failures.append,
+    )  # fmt: skip
+    heard = Heard()
+    backend.listen(heard)
+    try:
+        (job_id,) = await backend.enqueue([Enqueue("q", 1)])
+        assert isinstance(job_id, str)
+        assert backend.is_leader
+        heard.forget()
+        await _terminate(dsn)
+        with pytest.raises(Unavailable, match="unavailable"):
+            await backend.get_jobs([job_id])
+        await _available(backend)
+        assert [job.id for job in await backend.get_jobs([job_id]) if job] == [job_id]
+        (other,) = await backend.enqueue([Enqueue("q", 2)])
+        assert isinstance(other, str)
+        # The listener was told that work may be waiting: notices may have been missed,
+        # and claims may have failed meanwhile.
+        await _until(lambda: None in heard.work)
+        await _until(lambda: backend.is_leader)  # the lead taken again with the session
+        assert failures == []  # a lost connection does not stop the broker
+    finally:
+        await backend.close()
+
+
+async def test_a_call_cut_off_in_flight_is_unavailable_and_did_not_happen(dsn: str) -> None:
+    backend = await _open(dsn, SteppedScheduler(start=START))
+    try:
+        await backend.set_queue("q")
+        main_pid = backend._conn.info.backend_pid
+        async with await psycopg.AsyncConnection.connect(dsn) as blocker:
+            # Another session holds the queues' table: the enqueue waits in its
+            # transaction, and its connection is cut while it waits.
+            await blocker.execute("LOCK TABLE conveyor_queues IN ACCESS EXCLUSIVE MODE")
+            put = backend.enqueue([Enqueue("q", 1)])
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as look:
+
+                async def waiting() -> bool:
+                    cur = await look.execute(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                        (main_pid,),
+                    )
+                    row = await cur.fetchone()
+                    return row is not None and row[0] == "Lock"
+
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 10
+                while not await waiting():
+                    assert loop.time() < end, "the enqueue never waited for the lock"
+                    await asyncio.sleep(0.01)
+            await _terminate(dsn, [main_pid])
+            with pytest.raises(Unavailable):
+                await asyncio.wait_for(put, 10)
+            await blocker.rollback()
+        await _available(backend)
+        assert (await backend.stats(["q"]))["q"].totals.enqueued == 0
+    finally:
+        await backend.close()
+
+
+async def test_a_statement_the_server_refuses_fails_the_backend_for_good(dsn: str) -> None:
     failures: list[StoreError] = []
     backend = await PostgresBackend.open(
         dsn, SteppedScheduler(start=START), max_payload_bytes=1 << 20,
         on_failure=failures.append,
     )  # fmt: skip
     try:
-        (job_id,) = await backend.enqueue([Enqueue("q", 1)])
-        assert isinstance(job_id, str)
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            await conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-        with pytest.raises(StoreError, match="postgres"):
-            await backend.get_jobs([job_id])
-        assert len(failures) == 1
+            await conn.execute("DROP TABLE conveyor_counts CASCADE")
+        with pytest.raises(StoreError, match="postgres") as raised:
+            await backend.enqueue([Enqueue("q", 1)])
+        assert not isinstance(raised.value, Unavailable)
+        assert failures == [raised.value]
         with pytest.raises(StoreError):
-            await backend.enqueue([Enqueue("q", 2)])
+            backend.get_jobs(["x"])  # failed: every later call raises
     finally:
         await backend.close()
 
 
-async def test_an_unreachable_server_is_a_store_error() -> None:
-    with pytest.raises(StoreError, match="cannot connect"):
+async def test_an_unreachable_server_is_unavailable() -> None:
+    with pytest.raises(Unavailable, match="unavailable: cannot connect"):
         await PostgresBackend.open(
             "host=127.0.0.1 port=1 user=postgres connect_timeout=2",
             SteppedScheduler(start=START),
             max_payload_bytes=1 << 20,
         )
+
+
+async def test_one_broker_leads_and_another_takes_over_when_it_closes(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    retry = 10.0
+    one = await _open(dsn, clock, 1)
+    two = await PostgresBackend.open(
+        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(2), lead_retry_s=retry
+    )
+    heard = Heard()
+    two.listen(heard)
+    try:
+        assert (one.is_leader, two.is_leader) == (True, False)
+        # A broker that does not lead still claims what matured, and its timer still
+        # tells its listener when a delayed job matures.
+        (later,) = await two.enqueue([Enqueue("q", 1, delay_s=2.0)])
+        heard.forget()
+        await asyncio.sleep(0)
+        clock.advance(2.0)
+        assert heard.told_work("q")
+        (got,) = await two.claim([Claim("w", ("q",), 1)])
+        assert [c.id for c in got] == [later]
+        await one.close()
+        # Nobody sweeps now: a job that expires stays as it was until a leader does.
+        (doomed,) = await two.enqueue([Enqueue("q", 2, expires_s=1.0)])
+        assert isinstance(doomed, str)
+        await asyncio.sleep(0)
+        clock.advance(1.0)
+        await asyncio.sleep(0.3)
+        (job,) = await two.get_jobs([doomed])
+        assert job is not None and job.state is JobState.PENDING
+        assert not two.is_leader
+        # Its next try (on its clock) takes the lead, and it sweeps what is overdue.
+        clock.advance(retry)
+        await _until(lambda: two.is_leader)
+
+        async def expired() -> bool:
+            (job,) = await two.get_jobs([doomed])
+            return job is not None and job.state is JobState.DEAD
+
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 10
+        while not await expired():
+            assert loop.time() < end, "the new leader did not sweep"
+            await asyncio.sleep(0.02)
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_a_leader_that_closes_hands_the_lead_over_at_once(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    for _ in range(3):
+        # The lock is let go as the leader closes: a broker started next leads from its
+        # start (the manual-clock suite relies on a lone broker always leading).
+        backend = await _open(dsn, clock)
+        try:
+            assert backend.is_leader
+        finally:
+            await backend.close()
+        assert not backend.is_leader
+
+
+async def test_the_lead_goes_with_the_leaders_session(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        assert (one.is_leader, two.is_leader) == (True, False)
+        hearing = one._hearing
+        assert hearing is not None
+        await _terminate(dsn, [hearing.info.backend_pid])
+        # One of the two takes the lead: the one cut off when it is connected again, or
+        # the other at its next try. (Both may say so for the moment the one cut off
+        # takes to notice; the lock itself is never held twice.)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 20
+        while not (one._hearing not in (None, hearing) and one.is_leader != two.is_leader):
+            assert loop.time() < end, "no broker took the lead"
+            await asyncio.sleep(0.05)
+            clock.advance(1.0)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objid = %s AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
+                (0x636F6E6C,),
+            )
+            assert await cur.fetchall() == [(1,)]
+    finally:
+        await one.close()
+        await two.close()
