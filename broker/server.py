@@ -24,7 +24,7 @@ from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 
 from . import __version__
 from .auth import TokenSlots
-from .backend import Backend, LocalBackend, open_backend
+from .backend import Backend, LocalBackend, database_scheduler, open_backend
 from .config import Config
 from .connection import Connection
 from .dispatch import Dispatcher, logged
@@ -55,6 +55,7 @@ class Broker:
         # Set when the broker cannot go on (its store failed): the runner stops then.
         self.stopped = stopped
         self.backend = backend
+        self._owned_scheduler: Scheduler | None = None  # (made by ``open``: closed by ``close``)
         local = isinstance(backend, LocalBackend)
         self.dispatcher = Dispatcher(
             backend,
@@ -91,21 +92,31 @@ class Broker:
 
         ``scheduler`` gives the broker its clock and timers (by default the running loop
         and the wall clock; tests pass a ``SteppedScheduler``)."""
-        scheduler = LoopScheduler() if scheduler is None else scheduler
+        owned: Scheduler | None = None
+        if scheduler is None:
+            scheduler = LoopScheduler()
+            if config.store == "postgres":
+                # Brokers on one database keep its time, whatever their hosts' clocks say.
+                scheduler = owned = await database_scheduler(config.db_path, scheduler)
         stopped = asyncio.Event()
-        backend = await open_backend(
-            config.store,
-            config.db_path,
-            scheduler,
-            max_payload_bytes=config.max_payload_bytes,
-            sync=config.sync,
-            accept_loss=config.accept_loss,
-            on_failure=lambda exc: stopped.set(),
-        )
+        try:
+            backend = await open_backend(
+                config.store,
+                config.db_path,
+                scheduler,
+                max_payload_bytes=config.max_payload_bytes,
+                sync=config.sync,
+                accept_loss=config.accept_loss,
+                on_failure=lambda exc: stopped.set(),
+            )
+        except BaseException:
+            await _close_scheduler(owned)
+            raise
         try:
             for name, opts in config.queue_opts.items():
                 await backend.set_queue(name, opts)
             broker = cls(config, backend, scheduler, stopped)
+            broker._owned_scheduler = owned
             if isinstance(backend, LocalBackend):
                 # A restart dropped every connection: jobs still under a valid lease get
                 # the disconnect grace for their workers to re-attach them, then lapse
@@ -113,8 +124,14 @@ class Broker:
                 broker.dispatcher.adopt(await backend.held_leases())
         except BaseException:
             await backend.close()
+            await _close_scheduler(owned)
             raise
         return broker
+
+    async def close(self) -> None:
+        """Close the backend (it commits what is left) and the clock this broker made."""
+        await self.backend.close()
+        await _close_scheduler(self._owned_scheduler)
 
     def _stats_now(self) -> Mapping[str, QueueStats]:
         """Every queue's stats for ``/metrics``: the table's now, or (a backend that
@@ -212,7 +229,7 @@ async def running_broker(
             server_header=f"conveyor/{__version__}",
         )
     except BaseException:
-        await broker.backend.close()
+        await broker.close()
         raise
     broker.server = server
     sock = next(iter(server.sockets))
@@ -239,7 +256,13 @@ async def running_broker(
                 await task
         # Closing the connections changed the table too (with no disconnect grace, their
         # jobs lapsed): the backend commits that before its store closes.
-        await broker.backend.close()
+        await broker.close()
+
+
+async def _close_scheduler(scheduler: Scheduler | None) -> None:
+    close = getattr(scheduler, "aclose", None)  # (a database clock's connection)
+    if close is not None:
+        await close()
 
 
 async def _nothing() -> None:

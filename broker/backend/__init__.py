@@ -46,10 +46,20 @@ __all__ = [
     "Pending",
     "Ready",
     "Report",
+    "database_scheduler",
     "open_backend",
     "ready",
     "then",
 ]
+
+
+async def database_scheduler(dsn: str, inner: Scheduler) -> Scheduler:
+    """A scheduler on the clock of the PostgreSQL server at ``dsn``, its callbacks run
+    by ``inner``: the one clock of every broker on that database (``_pg_clock``).
+    ``aclose()`` it after the backend. Raises ``StoreError``."""
+    from ._pg_clock import database_scheduler as make
+
+    return await make(dsn, inner)
 
 
 async def open_backend(
