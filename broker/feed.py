@@ -24,6 +24,7 @@ from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 
 from .backend import Backend
 from .engine import QueueStats
+from .store import StoreError
 
 if TYPE_CHECKING:
     from .dispatch import Dispatcher
@@ -157,6 +158,8 @@ class Feed:
         while True:
             try:
                 await self.tick()
+            except StoreError as exc:  # the table cannot answer now: the next tick may
+                log.warning("feed tick failed: %s", exc)
             except Exception:  # a bug here must not end the feed
                 log.exception("feed tick failed")
             self._wake.clear()

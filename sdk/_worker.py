@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._errors import ConveyorError, InvalidArgument
+from ._errors import ConveyorError, InvalidArgument, Unavailable
 from ._session import Session
 from ._types import Fail, Job, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
@@ -51,6 +51,9 @@ __all__ = ["Handler", "Worker"]
 
 log = logging.getLogger("conveyor.worker")
 
+# An ack the broker could not take (unavailable) is sent again after these waits, doubling.
+_ACK_RETRY_FIRST_S = 0.05
+_ACK_RETRY_MAX_S = 2.0
 # Acks per ack_batch frame when the broker's hello does not say (its default max_batch).
 _MAX_BATCH = 1000
 
@@ -127,6 +130,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._session: Session | None = None
+        # job id -> (when its ack was first not taken, the wait before the next try)
+        self._ack_retries: dict[str, tuple[float, float]] = {}
         self._limiter = anyio.CapacityLimiter(prefetch)
         self._stopping = False
         self._fatal: ConveyorError | None = None  # a refusal that ended run()
@@ -494,14 +499,50 @@ class Worker:
         self._senders.discard(reply)
         if reply.cancelled():
             pass  # run() is ending
-        elif (exc := reply.exception()) is not None:
+        elif isinstance(exc := reply.exception(), Unavailable):
+            self._ack_later(jobs)  # still held, their leases valid: tried again soon
+            return
+        elif exc is not None:
             log.warning("%d ack(s) not delivered: %s", len(jobs), exc)
         else:
             for job, landed in zip(jobs, reply.result()["landed"], strict=False):
                 if not landed:
                     log.warning("job %s: ack did not land (the lease had lapsed)", job.id)
         for job in jobs:
+            self._ack_retries.pop(job.id, None)
             self._finished(job)
+
+    def _ack_later(self, jobs: list[Job]) -> None:
+        """The broker could not take these acks now (``unavailable``: its database is
+        unreachable; whether they landed is unknown). Send them again after a backoff,
+        the jobs still held, until their leases would have lapsed: an ack that lands
+        twice answers ``landed: false`` the second time, and nothing runs twice."""
+        assert self._loop is not None
+        now = self._loop.time()
+        again: list[Job] = []
+        for job in jobs:
+            first, delay = self._ack_retries.get(job.id, (now, _ACK_RETRY_FIRST_S / 2))
+            if now - first >= job.visibility_timeout_s or self._session is None:
+                log.warning("job %s: ack not delivered: the broker stayed unavailable", job.id)
+                self._ack_retries.pop(job.id, None)
+                self._finished(job)
+                continue
+            delay = min(delay * 2, _ACK_RETRY_MAX_S)
+            self._ack_retries[job.id] = (first, delay)
+            again.append(job)
+        if again:
+            log.warning("%d ack(s) not taken (the broker is unavailable): again soon", len(again))
+            wait = max(self._ack_retries[job.id][1] for job in again)
+            self._loop.call_later(wait, self._requeue_acks, again)
+
+    def _requeue_acks(self, jobs: list[Job]) -> None:
+        if self._session is None:  # run() ended meanwhile: the leases lapse
+            for job in jobs:
+                self._ack_retries.pop(job.id, None)
+                self._finished(job)
+            return
+        for job in jobs:
+            self._queue_ack(job)
 
     async def _report(self, job: Job, op: str, fields: dict[str, Any]) -> None:
         session = self._session

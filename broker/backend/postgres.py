@@ -936,9 +936,8 @@ class PostgresBackend:
     async def settle(self) -> None:
         """Every call made so far has committed (each commits before its result)."""
         last = self._last
-        if last is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(last)
+        if last is not None and not last.done():
+            await asyncio.wait([last])  # (its failure, or its cancelling, is its caller's)
         self._check()
 
     # -- the job table -----------------------------------------------------------------------
