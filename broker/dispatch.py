@@ -166,6 +166,7 @@ class Dispatcher:
             self._waiting.setdefault(name, {})
         self.subscriptions[sub] = None
         if not leases:
+            self._release_unoffered(sub)
             self._set_hungry(sub)
             return Ready([])
         sub.claiming += len(leases)
@@ -197,8 +198,31 @@ class Dispatcher:
         if orphans is not None and not orphans[0]:
             orphans[1].cancel()
             del self._orphans[sub.worker_id]
+        self._release_unoffered(sub)
         self._set_hungry(sub)
         return reattached
+
+    def _release_unoffered(self, sub: Subscription) -> None:
+        """On a table shared with other brokers, lapse the leases ``sub``'s worker holds
+        in the table but did not offer to re-attach: jobs pushed to a connection of its
+        that ended (a broker that died with the push unsent), which it never got. (On a
+        table of its own, the disconnect grace does this: ``_orphan``.) Asked before any
+        claim for ``sub`` is made, so that none of those is among them."""
+        if self._lapse_orphans:
+            return
+        mine = set(sub.in_flight)
+
+        def came(held: Pending[list[tuple[str, str, str]]]) -> None:
+            try:
+                rows = held.result()
+            except Exception as exc:
+                log.warning("looking up a worker's leases failed: %s", exc)
+                return
+            lost = [(job_id, lease) for job_id, lease, _ in rows if lease not in mine]
+            if lost:
+                logged(self.backend.lapse(lost), "lapse")
+
+        self.backend.held_leases(sub.worker_id).add_done_callback(came)
 
     def unsubscribe(self, sub: Subscription) -> None:
         """The subscription's connection ended: its jobs lapse after the grace."""

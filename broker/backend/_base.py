@@ -332,8 +332,9 @@ class Backend(Protocol):
         under that valid lease, each heartbeaten (a worker that reconnected)."""
         ...
 
-    def held_leases(self) -> Pending[list[tuple[str, str, str]]]:
-        """``(id, lease, worker id)`` of every job under a valid lease now."""
+    def held_leases(self, worker_id: str | None = None) -> Pending[list[tuple[str, str, str]]]:
+        """``(id, lease, worker id)`` of every job under a valid lease now (of
+        ``worker_id``'s only, when given)."""
         ...
 
     def cancel(self, ids: Sequence[str]) -> Pending[list[bool]]:

@@ -527,7 +527,13 @@ BEGIN
 END $$;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+# v4: the leases a worker holds, found without a scan (a worker subscribing through
+# any broker: those it did not offer to re-attach are lapsed, see broker/dispatch.py).
+_V4 = """
+CREATE INDEX conveyor_jobs_holder ON conveyor_jobs (worker_id) WHERE state = 'processing';
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -284,9 +284,12 @@ class LocalBackend:
         self._changed()
         return Ready(held)
 
-    def held_leases(self) -> Ready[list[tuple[str, str, str]]]:
+    def held_leases(self, worker_id: str | None = None) -> Ready[list[tuple[str, str, str]]]:
         self._check()
-        return Ready(self.table.held_leases())
+        held = self.table.held_leases()
+        if worker_id is not None:
+            held = [entry for entry in held if entry[2] == worker_id]
+        return Ready(held)
 
     def cancel(self, ids: Sequence[str]) -> Ready[list[bool]]:
         self._check()

@@ -65,13 +65,15 @@ Advisory lock ids (``pg_advisory_lock``'s one-bigint key space of the database):
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import math
 import random
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 
@@ -106,6 +108,12 @@ _SEQ_MAX = 2**63 - 1
 # The engine's clamp of the retry curve's exponent (RTY-4).
 _MAX_EXPONENT = 1023
 _N_MAX = 2**31 - 1
+# Calls run together in one transaction, at most (see _call).
+_MAX_CALLS_PER_COMMIT = 64
+# What ``nearest`` returns when it cannot tell: the table is asked (_NEXT_EVENT).
+_ASK = float("-inf")
+# Queues whose options are remembered at most (past it, they are read each time).
+_MAX_KNOWN_QUEUES = 100_000
 # Held while the counters are folded (see _FOLD).
 _FOLD_LOCK = 0x636F6E77
 # Held, per session, by the one broker that sweeps (the leader), on its hearing connection.
@@ -337,6 +345,31 @@ class _Claimed:
     ready_since: float
 
 
+class _Call(Generic[T]):
+    """One call waiting for the connection (``PostgresBackend._call``)."""
+
+    __slots__ = ("changes", "future", "nearest", "work")
+
+    def __init__(
+        self,
+        work: Callable[[float], Awaitable[T]],
+        changes: bool,
+        nearest: Callable[[T], float | None] | None,
+    ) -> None:
+        self.work = work
+        self.changes = changes
+        self.nearest = nearest
+        self.future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def succeed(self, result: T) -> None:
+        if not self.future.done():  # (its caller may have given up: cancelled)
+            self.future.set_result(result)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+
 class PostgresBackend:
     """``Backend`` on a PostgreSQL database. Make it with ``await PostgresBackend.open``
     on the running event loop; call it there.
@@ -394,6 +427,9 @@ class PostgresBackend:
             clock=scheduler.now, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes
         )
         self._lock = asyncio.Lock()
+        # Calls waiting for the connection, oldest first, and the task that runs them.
+        self._calls: collections.deque[_Call[Any]] = collections.deque()
+        self._runner: asyncio.Task[None] | None = None
         self._listeners = Listeners()
         self._timer: Handle | None = None
         self._timer_at: float | None = None
@@ -402,6 +438,9 @@ class PostgresBackend:
         self._sweeper: asyncio.Task[None] | None = None
         self.failed: StoreError | None = None
         self._closed = False
+        # Each queue's options as last read, so that an enqueue need not read them again;
+        # a change (set_queue, by any broker) is told on the channel ("q:" and the name).
+        self._opts: dict[str, QueueOpts] = {}
         # The hearing connection (see the module docstring); None while it is lost.
         self._hearing: Conn | None = None
         self._heard: asyncio.Task[None] | None = None
@@ -528,29 +567,94 @@ class PostgresBackend:
             return unavailable(why(exc))
         return self._fail(exc)
 
-    async def _call(self, work: Callable[[float], Awaitable[T]], *, changes: bool) -> T:
-        """Run ``work(now)`` alone on the connection, after any sweep the timer asked
-        for; after a change, re-arm the timer for the table's next event."""
+    async def _call(
+        self,
+        work: Callable[[float], Awaitable[T]],
+        *,
+        changes: bool,
+        nearest: Callable[[T], float | None] | None = None,
+    ) -> T:
+        """Run ``work(now)`` on the connection, after every call made before it and any
+        sweep the timer asked for; after a change, re-arm the timer for the table's next
+        event. The result comes once the work is committed.
+
+        Calls made while others run are run together, in order, in one transaction (one
+        commit for them all: a commit's flush to disk is most of what a small call
+        costs), up to ``_MAX_CALLS_PER_COMMIT``.
+
+        ``changes=False``: the work brings no event nearer (it reads, or it only takes
+        events away or puts them later: a timer that then fires early finds nothing and
+        is set again). ``nearest``: the earliest event the work's result says it made,
+        so that the table need not be asked (``None``: it made none)."""
         self._check()
-        async with self._lock:
+        call: _Call[T] = _Call(work, changes, nearest)
+        self._calls.append(call)
+        runner = self._runner
+        if runner is None or runner.done():
+            self._runner = asyncio.get_running_loop().create_task(self._run_calls())
+        return await call.future
+
+    async def _run_calls(self) -> None:
+        calls = self._calls
+        while calls:
+            batch = [calls.popleft() for _ in range(min(len(calls), _MAX_CALLS_PER_COMMIT))]
+            async with self._lock:
+                await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list[_Call[Any]]) -> None:
+        """Run ``batch``'s works in one transaction (a work alone: as it is), then tell
+        each its result; all fail together if the transaction does."""
+        try:
             self._check()
             conn = self._conn
+        except StoreError as exc:
+            for call in batch:
+                call.fail(exc)
+            return
+        try:
+            await self._catch_up()
+            now = self.now()
+            if len(batch) == 1:
+                results = [await batch[0].work(now)]
+            else:
+                async with conn.transaction():
+                    results = [await call.work(now) for call in batch]
+        except (psycopg.Error, OSError) as exc:
+            problem = self._trouble(conn, exc)
+            for call in batch:
+                call.fail(problem)
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0].fail(exc)
+                return
+            # One work failed and took the others' transaction with it: each alone now,
+            # in order, so that only the failing one fails.
+            for call in batch:
+                await self._run_batch([call])
+            return
+        ask = False
+        for call, result in zip(batch, results, strict=True):
+            if not call.changes:
+                continue
+            at = _ASK if call.nearest is None else call.nearest(result)
+            if at == _ASK:
+                ask = True
+            elif at is not None:
+                self._arm_timer(at)
+        if ask:
             try:
-                await self._catch_up()
-                now = self.now()
-                result = await work(now)
+                self._arm_timer(await self._next_event(now))
             except (psycopg.Error, OSError) as exc:
-                raise self._trouble(conn, exc) from exc
-            if changes:
-                try:
-                    self._arm_timer(await self._next_event(now))
-                except (psycopg.Error, OSError) as exc:
-                    problem = self._trouble(conn, exc)
-                    if not isinstance(problem, Unavailable):
-                        raise problem from exc
-                    # The work committed: its result stands. The timer is set again
-                    # once the connection is back.
-            return result
+                problem = self._trouble(conn, exc)
+                if not isinstance(problem, Unavailable):
+                    for call in batch:
+                        call.fail(problem)
+                    return
+                # The works committed: their results stand. The timer is set again
+                # once the connection is back.
+        for call, result in zip(batch, results, strict=True):
+            call.succeed(result)
 
     # -- lost connections ------------------------------------------------------------------
 
@@ -587,6 +691,24 @@ class PostgresBackend:
             self._listeners.work_waiting(None)
             self._refresh_timer()
             return
+
+    def _tell_time(self, events: list[float]) -> None:
+        """Tell the other brokers of the earliest of ``events`` (timed events an enqueue
+        made: a job maturing, one expiring), so that their timers fire then too: their
+        workers may be the ones waiting for it."""
+        if not events:
+            return
+
+        async def tell(now: float) -> None:
+            await self._conn.execute("SELECT pg_notify('conveyor', %s)", (f"t:{min(events)!r}",))
+
+        def told(task: asyncio.Task[None]) -> None:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("postgres: could not tell other brokers of a timed event")
+
+        asyncio.get_running_loop().create_task(self._call(tell, changes=False)).add_done_callback(
+            told
+        )
 
     def _id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
@@ -642,6 +764,7 @@ class PostgresBackend:
                 self._snapshot = None
                 log.warning("postgres: hearing other brokers again")
                 # Notices sent while the connection was lost are lost with it.
+                self._opts.clear()
                 self._listeners.work_waiting(None)
                 self._refresh_timer()
             try:
@@ -680,10 +803,20 @@ class PostgresBackend:
             return  # this backend's own change: its call told the listeners
         kind, _, what = note.payload.partition(":")
         if kind == "w":
+            # (A timed event it brought is told as "t:"; one from a retry's delay or an
+            # enqueue in an application's transaction is found by the poll.)
             self._listeners.work_waiting(frozenset([what]))
-            self._refresh_timer()  # the change may have brought an event nearer
+        elif kind == "t":
+            try:
+                at = float(what)
+            except ValueError:
+                return
+            if math.isfinite(at):
+                self._arm_timer(at)  # another broker's enqueue made an event for then
         elif kind == "c" and what.isascii() and what.isdigit():
             self._listeners.cancelled([self._id(int(what))])
+        elif kind == "q":
+            self._opts.pop(what, None)  # its options changed: read them again when used
 
     async def _try_lead(self, hearing: Conn) -> None:
         """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
@@ -826,6 +959,11 @@ class PostgresBackend:
     async def _queues(self, names: Sequence[str]) -> dict[str, QueueOpts]:
         """Make the queues of ``names`` that do not exist (with the plain defaults, as
         the engine makes a queue on first use) and give each one's options."""
+        known = self._opts
+        try:
+            return {name: known[name] for name in names}
+        except KeyError:
+            pass  # one not seen yet (or changed since): ask the table
         conn = self._conn
         plain = QueueOpts()
         wanted = list(dict.fromkeys(names))
@@ -847,7 +985,15 @@ class PostgresBackend:
             f"SELECT {_QUEUE_OPTS} FROM conveyor_queues WHERE name = ANY(%s::text[])",
             (wanted,),
         )
-        return {row[0]: _opts(row) for row in await cur.fetchall()}
+        found = {row[0]: _opts(row) for row in await cur.fetchall()}
+        if len(known) < _MAX_KNOWN_QUEUES:
+            known.update(found)
+        return found
+
+    def _known_opts(self, names: Sequence[str]) -> bool:
+        """Whether every queue of ``names`` has its options remembered (``_opts``)."""
+        known = self._opts
+        return all(name in known for name in names)
 
     async def _known(self, names: Sequence[str]) -> set[str]:
         cur = await self._conn.execute(
@@ -897,8 +1043,8 @@ class PostgresBackend:
     ) -> asyncio.Task[list[tuple[str, str]]]:
         return self._spawn(self._reattach(worker_id, leases))
 
-    def held_leases(self) -> asyncio.Task[list[tuple[str, str, str]]]:
-        return self._spawn(self._held_leases())
+    def held_leases(self, worker_id: str | None = None) -> asyncio.Task[list[tuple[str, str, str]]]:
+        return self._spawn(self._held_leases(worker_id))
 
     def cancel(self, ids: Sequence[str]) -> asyncio.Task[list[bool]]:
         return self._spawn(self._cancel(ids))
@@ -943,11 +1089,13 @@ class PostgresBackend:
     # -- the job table -----------------------------------------------------------------------
 
     async def _insert(
-        self, now: float, jobs: list[tuple[str, tuple[Any, ...], float]]
+        self, now: float, jobs: list[tuple[str, tuple[Any, ...], float]], events: list[float]
     ) -> list[str]:
         """Store each ``(queue, resolved, backoff_max_s)`` job; the ids. A job whose key
         a live job of its queue holds gets that job's id and changes nothing (ENQ-10),
-        and so does one whose key an earlier job of ``jobs`` holds (ENQ-11)."""
+        and so does one whose key an earlier job of ``jobs`` holds (ENQ-11). Adds to
+        ``events`` the earliest timed event the stored jobs bring (a ready time to come,
+        an expiry: TIM-4)."""
         conn = self._conn
         ids: list[str | None] = [None] * len(jobs)
         first: dict[tuple[str, str], int] = {}
@@ -985,6 +1133,10 @@ class PostgresBackend:
                 columns["ready_at"].append(ready_at)
                 columns["expires_at"].append(None if expires_s is None else now + expires_s)
                 columns["key"].append(key)
+                if ready_at > now:
+                    events.append(ready_at)
+                if expires_s is not None:
+                    events.append(now + expires_s)
             cur = await conn.execute(_INSERT_JOBS, {**columns, "now": now})
             taken: list[int] = []
             for index, (seq, inserted) in zip(todo, await cur.fetchall(), strict=True):
@@ -1045,8 +1197,13 @@ class PostgresBackend:
             except InvalidArgument as exc:
                 results[index] = exc
 
+        nearest: list[float] = []
+
         async def work(now: float) -> None:
-            async with self._conn.transaction():
+            # With every queue's options known, the insert is the one statement: no
+            # transaction around it (each statement commits alone, atomically).
+            known = self._known_opts(names)
+            async with contextlib.nullcontext() if known else self._conn.transaction():
                 opts = await self._queues(names)
                 good: list[int] = []
                 resolved: list[tuple[str, tuple[Any, ...], float]] = []
@@ -1059,11 +1216,11 @@ class PostgresBackend:
                         results[index] = exc
                         continue
                     good.append(index)
-                ids = await self._insert(now, resolved)
+                ids = await self._insert(now, resolved, nearest)
             for index, job_id in zip(good, ids, strict=True):
                 results[index] = job_id
 
-        await self._call(work, changes=True)
+        await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
         out: list[str | Exception] = []
         touched: set[str] = set()
         for item, result in zip(jobs, results, strict=True):
@@ -1072,6 +1229,7 @@ class PostgresBackend:
             if isinstance(result, str):
                 touched.add(item.queue)
         self._listeners.work_waiting(frozenset(touched))
+        self._tell_time(nearest)
         return out
 
     async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
@@ -1091,12 +1249,14 @@ class PostgresBackend:
                     except InvalidArgument as exc:
                         refused.append(exc.within(f"jobs[{index}]"))
                         return []  # the queue made stays made, as in the engine
-                return await self._insert(now, resolved)
+                return await self._insert(now, resolved, nearest)
 
-        ids = await self._call(work, changes=True)
+        nearest: list[float] = []
+        ids = await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
         if refused:
             raise refused[0]
         self._listeners.work_waiting(frozenset([queue]))
+        self._tell_time(nearest)
         return ids
 
     async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:
@@ -1119,7 +1279,9 @@ class PostgresBackend:
 
         async def work(now: float) -> list[list[Claimed]]:
             results: list[list[Claimed]] = [[] for _ in claims]
-            async with self._conn.transaction():
+            # One claim is one statement: it needs no transaction around it.
+            several = sum(1 for claim in claims if claim.queues and claim.n > 0) > 1
+            async with self._conn.transaction() if several else contextlib.nullcontext():
                 if round_robin:
                     # One job each in turn; a claim that got nothing has nothing left.
                     open_ = [i for i, claim in enumerate(claims) if claim.n > 0]
@@ -1131,7 +1293,9 @@ class PostgresBackend:
                                 continue
                             if await refuses(claim, _worker_problem(claim)):
                                 return results  # the claims before stand, as in the engine
-                            got = await one(claim, 1, now)
+                            # The last one left in turn takes the rest at once.
+                            take = claim.n - len(results[i]) if len(open_) == 1 else 1
+                            got = await one(claim, take, now)
                             if got:
                                 results[i].extend(got)
                                 if len(results[i]) < claim.n:
@@ -1146,7 +1310,22 @@ class PostgresBackend:
                     results[i] = await one(claim, claim.n, now)
             return results
 
-        results = await self._call(work, changes=True)
+        def nearest(results: list[list[Claimed]]) -> float | None:
+            # The leases' deadlines; and a job the claim killed on its way (expired,
+            # attempts used up) is dead from now, so its queue's retention may end
+            # from now on: the timer fires then, at the latest (early is harmless).
+            at = [job.deadline for got in results for job in got]
+            now = self.now()
+            for claim in claims:
+                for name in claim.queues:
+                    opts = self._opts.get(name)
+                    if opts is None:
+                        return _ASK  # (not known here: the table says)
+                    if opts.dead_letter_retention_s is not None:
+                        at.append(now + opts.dead_letter_retention_s)
+            return min(at, default=None)
+
+        results = await self._call(work, changes=True, nearest=nearest)
         if refused:
             raise refused[0]
         return results
@@ -1204,7 +1383,8 @@ class PostgresBackend:
             )
             return await cur.fetchall()
 
-        rows = await self._call(work, changes=True)
+        # (A heartbeat puts a deadline later: it brings no event nearer.)
+        rows = await self._call(work, changes=statement is not _HEARTBEAT)
         hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
         return [(job_id, lease) in hit for job_id, lease in leases], set(hit.values())
 
@@ -1217,7 +1397,7 @@ class PostgresBackend:
             cur = await self._conn.execute(_ACK, {"now": now, "seqs": seqs, "leases": tokens})
             return await cur.fetchall()
 
-        rows = await self._call(work, changes=True)
+        rows = await self._call(work, changes=False)  # (an ack only takes events away)
         return _once({(self._id(row[0]), row[1]) for row in rows}, leases)
 
     async def _report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
@@ -1315,13 +1495,20 @@ class PostgresBackend:
         landed, _ = await self._by_lease(_HEARTBEAT, leases, worker=worker_id)
         return [pair for pair, ok in zip(leases, landed, strict=True) if ok]
 
-    async def _held_leases(self) -> list[tuple[str, str, str]]:
+    async def _held_leases(self, worker_id: str | None) -> list[tuple[str, str, str]]:
         async def work(now: float) -> list[tuple[Any, ...]]:
-            cur = await self._conn.execute(
-                "SELECT seq, lease, worker_id FROM conveyor_jobs "
-                "WHERE state = 'processing' AND deadline > %s",
-                (now,),
-            )
+            if worker_id is None:
+                cur = await self._conn.execute(
+                    "SELECT seq, lease, worker_id FROM conveyor_jobs "
+                    "WHERE state = 'processing' AND deadline > %s",
+                    (now,),
+                )
+            else:  # (the index of v4)
+                cur = await self._conn.execute(
+                    "SELECT seq, lease, worker_id FROM conveyor_jobs "
+                    "WHERE state = 'processing' AND worker_id = %s AND deadline > %s",
+                    (worker_id, now),
+                )
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)
@@ -1336,7 +1523,7 @@ class PostgresBackend:
             cur = await self._conn.execute(_CANCEL, (seqs,))
             return await cur.fetchall()
 
-        rows = await self._call(work, changes=True)
+        rows = await self._call(work, changes=False)  # (a cancel only takes events away)
         done = _once({self._id(row[0]) for row in rows}, ids)
         self._listeners.cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return done
@@ -1422,6 +1609,9 @@ class PostgresBackend:
                             name,
                         ),
                     )
+                    await self._conn.execute("SELECT pg_notify('conveyor', 'q:' || %s)", (name,))
+            if checked is not None:
+                self._opts.pop(name, None)
 
         await self._call(work, changes=True)
 

@@ -204,9 +204,9 @@ async def test_a_call_cut_off_in_flight_is_unavailable_and_did_not_happen(dsn: s
         await backend.set_queue("q")
         main_pid = backend._conn.info.backend_pid
         async with await psycopg.AsyncConnection.connect(dsn) as blocker:
-            # Another session holds the queues' table: the enqueue waits in its
-            # transaction, and its connection is cut while it waits.
-            await blocker.execute("LOCK TABLE conveyor_queues IN ACCESS EXCLUSIVE MODE")
+            # Another session holds the jobs' table: the enqueue waits for it, and its
+            # connection is cut while it waits.
+            await blocker.execute("LOCK TABLE conveyor_jobs IN ACCESS EXCLUSIVE MODE")
             put = backend.enqueue([Enqueue("q", 1)])
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as look:
 

@@ -143,6 +143,22 @@ async def test_held_leases_lists_every_valid_lease(rig: Rig) -> None:
     assert await rig.backend.held_leases() == [(long.id, long.lease, "w")]
 
 
+async def test_held_leases_of_one_worker_lists_only_its_valid_leases(rig: Rig) -> None:
+    for _ in range(3):
+        await rig.put(visibility_timeout_s=10.0)
+    (mine,) = await rig.take(worker="w")
+    (theirs,) = await rig.take(worker="other")
+    (lapsing,) = await rig.take(worker="w")
+    assert (await rig.backend.heartbeat([(mine.id, mine.lease)])) == [True]
+    assert sorted(await rig.backend.held_leases("w")) == sorted(
+        [(mine.id, mine.lease, "w"), (lapsing.id, lapsing.lease, "w")]
+    )
+    assert await rig.backend.held_leases("other") == [(theirs.id, theirs.lease, "other")]
+    assert await rig.backend.lapse([(lapsing.id, lapsing.lease)]) == [True]
+    assert await rig.backend.held_leases("w") == [(mine.id, mine.lease, "w")]
+    assert await rig.backend.held_leases("nobody") == []
+
+
 @pytest.mark.parametrize("n", [1, 50])
 async def test_acks_in_one_call_each_land_on_their_own_hnd_10(rig: Rig, n: int) -> None:
     for _ in range(n):

@@ -213,4 +213,7 @@ async def _run(brokers: list[BrokerProcess]) -> None:
     # Every second run began after the kill: only the kill hands a job out again.
     assert all(each[1].started >= killed_at for each in by_job.values() if len(each) > 1)
     assert stats["ready"] == stats["processing"] == 0
-    assert stats["totals"]["completed"] == len(answered)
+    # An enqueue cut off by the kill is sent again with its key; had its first copy been
+    # handled and acked by then, the key was free again and the job is stored twice (a
+    # key holds while its job lives, ENQ-10): one such job per publisher at most.
+    assert len(answered) <= stats["totals"]["completed"] <= len(answered) + PUBLISHERS
