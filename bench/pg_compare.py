@@ -13,7 +13,7 @@ run too, should it be interrupted): the harness never touches another database.
 The systems, each with the clients its users run:
 
 * procrastinate (Python): ``defer_async`` / ``batch_defer_async``; workers are
-  ``run_worker_async`` processes (concurrency 16, a pool of 18 connections each, LISTEN/NOTIFY
+  ``run_worker_async`` processes (concurrency 4, a pool of 6 connections each, LISTEN/NOTIFY
   on); finished jobs are kept, procrastinate's default;
 * graphile-worker (Node, bench/node/graphile.mjs): ``addJob`` / ``addJobs`` through
   WorkerUtils; workers are ``run()`` processes with 16 concurrent jobs, its batching on
@@ -27,8 +27,9 @@ The workloads (jobs of ~100 bytes, a no-op handler):
 
 * enqueue, one awaited at a time: one publisher, one process, the next enqueue sent when
   the last returned; and in batches of 1,000 (one batch awaited at a time);
-* drain: N jobs enqueued first (in batches), then 1 and then 4 worker processes; jobs/s
-  from "go" to the end of the last handler;
+* drain: N jobs enqueued first (in batches, then ``ANALYZE``, as autovacuum would have
+  it in a live database), then 1 and then 4 worker processes; jobs/s from "go" to the end
+  of the last handler (and when the queue was seen empty, in the log);
 * latency: a steady 1,000 jobs/s for 10 s, from the enqueue call to the handler starting
   (the send time travels in the payload; one host clock, CLOCK_MONOTONIC in Python and
   Node alike); 1 publisher and 2 workers, and for Conveyor one publisher per broker (the
@@ -64,7 +65,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,11 @@ QUEUE = "bench"
 FILLER = "x" * 28  # the job's JSON is ~100 bytes, as in bench/compare.py
 BATCH = 1000  # enqueue in batches: Conveyor's max_batch
 PREFETCH = 64  # Conveyor per worker; graphile-worker's local queue
-CONCURRENCY = 16  # procrastinate's and graphile-worker's concurrent jobs per worker process
+# Concurrent jobs per worker process. procrastinate's: the best of 1, 4 and 16 in a trial
+# drain here (all within 15%: a no-op handler waits on nothing); graphile-worker's: 16, as
+# its local queue (64 jobs, like Conveyor's prefetch) hands jobs out without a round trip.
+PROCRASTINATE_CONCURRENCY = 4
+GRAPHILE_CONCURRENCY = 16
 WINDOW = 64  # latency: at most 64 enqueues in flight per publisher
 
 
@@ -141,7 +146,8 @@ def drop_database(name: str) -> None:
 
     assert name.startswith("conveyor_bench_") and name in CREATED, name
     with admin() as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        conn.execute(drop.format(sql.Identifier(name)))
     CREATED.remove(name)
 
 
@@ -175,9 +181,10 @@ def proc_cpu(pid: int) -> float | None:
 
 def proc_cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return ""
+    return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
 class PgCpu:
@@ -410,11 +417,12 @@ class System:
     def worker(self, index: int, latency: bool, logs: Path) -> Child:
         spec: dict[str, Any] = {"role": "work", "index": index, "latency": latency}
         if self.kind == "graphile":
-            spec |= {"dsn": dsn_for(self.dbname), "concurrency": CONCURRENCY,
+            spec |= {"dsn": dsn_for(self.dbname), "concurrency": GRAPHILE_CONCURRENCY,
                      "local_queue": PREFETCH}  # fmt: skip
             return Child(["node", "graphile.mjs", "child", orjson.dumps(spec).decode()],
                          f"worker-{index}", logs, cwd=NODE_DIR)  # fmt: skip
-        spec |= {"system": self.kind, **self._where(index), "concurrency": CONCURRENCY}
+        spec |= {"system": self.kind, **self._where(index),
+                 "concurrency": PROCRASTINATE_CONCURRENCY}  # fmt: skip
         return Child(python_child(spec), f"worker-{index}", logs)
 
     def _where(self, index: int) -> dict[str, Any]:
@@ -526,7 +534,13 @@ def stop_popen(proc: subprocess.Popen[bytes]) -> None:
 
 
 async def procrastinate_schema(dsn: str) -> None:
+    import logging
+
     import procrastinate
+
+    # (It warns that the App is made in __main__: a worker would not find the tasks
+    # there, and this one has none.)
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
 
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
     async with app.open_async():
@@ -543,6 +557,7 @@ class Phase:
     value: Any  # jobs/s, or [p50, p99, max] in ms
     cpu_ms: float  # PostgreSQL CPU per job
     xacts: float  # committed transactions per job
+    note: str = ""
 
 
 class Measure:
@@ -594,6 +609,12 @@ class Measure:
         child.close()
         self.children.remove(child)
         self.expect_remaining(n, "after the fill")
+        # The planner's statistics, as autovacuum keeps them in a live database: without,
+        # a fresh table of thousands of jobs is planned as if empty.
+        import psycopg
+
+        with psycopg.connect(dsn_for(self.dbname), autocommit=True) as conn:
+            conn.execute("ANALYZE")
 
     def expect_remaining(self, n: int, when: str) -> None:
         left = self.system.remaining()
@@ -643,9 +664,10 @@ def measure_enqueue(system: System, n: int, mode: str, seconds: float) -> Phase:
 
 def run_workers(
     m: Measure, workers: int, n: int, publishers: int = 0, rate: float = 0.0
-) -> tuple[float, list[Any], float, int]:
+) -> tuple[float, list[Any], float, int, float]:
     """Workers (and publishers at ``rate`` in all) from "go" until ``n`` jobs handled.
-    Returns the go time, the workers' results, PostgreSQL CPU s, committed transactions."""
+    Returns the go time, the workers' results, PostgreSQL CPU s, committed transactions,
+    and the seconds from "go" until the queue was seen empty."""
     latency = publishers > 0
     crew = [m.spawn(m.system.worker(i, latency, m.logs)) for i in range(workers)]
     pubs = [m.publish(i, "rate", n // publishers + (i < n % publishers), rate / publishers)
@@ -659,17 +681,21 @@ def run_workers(
     for child in crew + pubs:
         child.send("go")
     m.until(crew, n)
+    # PostgreSQL's work goes on after the last handler (completions sent after it,
+    # batched): the CPU counts until the queue is empty.
+    m.expect_remaining(0, "after the handlers")
+    emptied = time.monotonic() - started
     spent = cpu.stop()
     for pub in pubs:
         pub.finish(m.deadline)
     time.sleep(0.2)  # a job handled twice would show up now
     results = [w.finish(m.deadline) for w in crew]
     seqs = [s for r in results for s in r["seqs"]]
-    if len(seqs) != n or len(set(seqs)) != n:
-        raise Failed(f"{n:,} jobs: {len(set(seqs)):,} handled, {len(seqs) - len(set(seqs)):,} twice")
-    m.expect_remaining(0, "after the drain")
+    unique = len(set(seqs))
+    if len(seqs) != n or unique != n:
+        raise Failed(f"{n:,} jobs: {unique:,} handled, {len(seqs) - unique:,} twice")
     xacts = m.close_all() - before
-    return started, results, spent, xacts
+    return started, results, spent, xacts, emptied
 
 
 def committed_live(dbname: str) -> int:
@@ -685,18 +711,20 @@ def measure_drain(system: System, n: int, workers: int, seconds: float) -> Phase
         m.fill(n)
         # The fill's publisher has exited (its counts are in); the brokers' fill commits,
         # if not yet reported, fall into the drain's: 1 per 1,000 jobs.
-        started, results, spent, xacts = run_workers(m, workers, n)
+        started, results, spent, xacts, emptied = run_workers(m, workers, n)
         end = max(r["last"] for r in results)
-        return Phase(n / (end - started), 1000 * spent / n, xacts / n)
+        return Phase(n / (end - started), 1000 * spent / n, xacts / n,
+                     f"queue empty {emptied:.2f} s after go")  # fmt: skip
 
 
 def measure_latency(system: System, rate: float, duration: float, seconds: float) -> Phase:
     with Measure(system, seconds) as m:
         n = int(rate * duration)
         publishers, workers = system.latency_layout()
-        _, results, spent, xacts = run_workers(m, workers, n, publishers, rate)
+        started, results, spent, xacts, _ = run_workers(m, workers, n, publishers, rate)
         lat = sorted(x for r in results for x in r["lat"])
-        value = [quantile(lat, 0.5) * 1000, quantile(lat, 0.99) * 1000, lat[-1] * 1000]
+        kept = n / (max(r["last"] for r in results) - started)
+        value = [quantile(lat, 0.5) * 1000, quantile(lat, 0.99) * 1000, lat[-1] * 1000, kept]
         return Phase(value, 1000 * spent / n, xacts / n)
 
 
@@ -923,6 +951,7 @@ ROWS = [  # key, label, unit
     ("lat.p50", "latency p50, ms", "ms"),
     ("lat.p99", "latency p99, ms", "ms"),
     ("lat.max", "latency max, ms", "ms"),
+    ("lat.kept", "  handled, jobs/s (below the rate: it fell behind)", "rate"),
     ("lat.cpu", "  PostgreSQL CPU, ms/job", "ms"),
     ("lat.xact", "  transactions/job", "x"),
 ]
@@ -945,7 +974,7 @@ def record(table: dict[str, dict[str, float | None]], name: str, key: str, phase
     if phase is None:
         return
     if key == "lat":
-        row["lat.p50"], row["lat.p99"], row["lat.max"] = phase.value
+        row["lat.p50"], row["lat.p99"], row["lat.max"], row["lat.kept"] = phase.value
     else:
         row[key] = phase.value
     row[f"{key}.cpu"], row[f"{key}.xact"] = phase.cpu_ms, phase.xacts
@@ -973,18 +1002,19 @@ def print_table(table: dict[str, dict[str, float | None]], names: list[str]) -> 
 # -- main ---------------------------------------------------------------------------------
 
 
-def timed(label: str, fn: Any) -> Phase | None:
-    settle()
+def timed(label: str, system: System, fn: Callable[[System], Phase]) -> Phase | None:
+    settle(limit=5.0)  # a shared machine: a short wait, so that the run stays bounded
     began = time.monotonic()
     try:
-        phase: Phase = fn()
+        phase = fn(system)
     except Exception as exc:
         say(f"  {label}: FAILED: {type(exc).__name__}: {exc}")
         return None
     value = phase.value
-    shown = ("p50 {:.2f} ms, p99 {:.2f} ms, max {:.2f} ms".format(*value)
+    shown = ("p50 {:.2f} ms, p99 {:.2f} ms, max {:.2f} ms, handled {:,.0f} jobs/s".format(*value)
              if isinstance(value, list) else f"{value:,.0f} jobs/s")  # fmt: skip
-    say(f"  {label}: {shown}; PostgreSQL {phase.cpu_ms:.3f} ms CPU and "
+    note = f" ({phase.note})" if phase.note else ""
+    say(f"  {label}: {shown}{note}; PostgreSQL {phase.cpu_ms:.3f} ms CPU and "
         f"{phase.xacts:.2f} transactions per job  [{time.monotonic() - began:.1f} s]")  # fmt: skip
     return phase
 
@@ -993,13 +1023,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, of: {', '.join(all_systems())}")  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=20_000, help="N for batches and drains")
-    parser.add_argument("--single-jobs", type=int, default=5_000,
+    parser.add_argument("--jobs", type=int, default=10_000, help="N for batches and drains")
+    parser.add_argument("--single-jobs", type=int, default=2_000,
                         help="jobs enqueued one at a time")  # fmt: skip
     parser.add_argument("--rate", type=float, default=1000.0, help="latency: jobs/s")
     parser.add_argument("--duration", type=float, default=10.0, help="latency: seconds")
-    parser.add_argument("--quick", action="store_true",
-                        help="a smoke run: 2,000 jobs, 500 one at a time, 3 s of latency")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 2,000 jobs, 500 one at a time, 3 s of latency",
+    )
     parser.add_argument("--timeout", type=float, default=90.0,
                         help="seconds allowed for one measurement")  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -1043,16 +1076,16 @@ def main() -> None:
     try:
         for s in systems:
             say(f"\n{s.name}")
-            record(table, s.name, "enq1",
-                   timed("enqueue 1 at a time", lambda: measure_enqueue(s, args.single_jobs,
-                                                                        "single", t)))  # fmt: skip
-            record(table, s.name, "enqB",
-                   timed("enqueue in batches", lambda: measure_enqueue(s, args.jobs, "batch", t)))  # fmt: skip
-            for w in (1, 4):
-                record(table, s.name, f"drain{w}",
-                       timed(f"drain, {w} worker(s)", lambda w=w: measure_drain(s, args.jobs, w, t)))  # fmt: skip
-            record(table, s.name, "lat",
-                   timed("latency", lambda: measure_latency(s, args.rate, args.duration, t)))  # fmt: skip
+            phases: list[tuple[str, str, Callable[[System], Phase]]] = [
+                ("enq1", "enqueue 1 at a time",
+                 lambda s: measure_enqueue(s, args.single_jobs, "single", t)),
+                ("enqB", "enqueue in batches", lambda s: measure_enqueue(s, args.jobs, "batch", t)),
+                ("drain1", "drain, 1 worker", lambda s: measure_drain(s, args.jobs, 1, t)),
+                ("drain4", "drain, 4 workers", lambda s: measure_drain(s, args.jobs, 4, t)),
+                ("lat", "latency", lambda s: measure_latency(s, args.rate, args.duration, t)),
+            ]  # fmt: skip
+            for key, label, fn in phases:
+                record(table, s.name, key, timed(label, s, fn))
     finally:
         for child in list(CHILDREN):
             child.close()

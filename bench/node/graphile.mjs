@@ -14,8 +14,15 @@ const TASK = "bench";
 const FILLER = "x".repeat(28);
 const now = () => Number(process.hrtime.bigint()) / 1e9;
 const payload = (seq, sent) => ({ seq, sent, to: "someone@example.com", body: FILLER });
+// Resolves once the line is handed to the OS: a pipe takes 64 KiB at a time, and a worker's
+// result is larger, so the process must not exit before then.
 const emit = (kind, value) =>
-  process.stdout.write(value === undefined ? `${kind}\n` : `${kind} ${JSON.stringify(value)}\n`);
+  new Promise((resolve) =>
+    process.stdout.write(
+      value === undefined ? `${kind}\n` : `${kind} ${JSON.stringify(value)}\n`,
+      resolve,
+    ),
+  );
 
 // Warnings and errors only, to stderr (the harness keeps it as the child's log).
 const logger = new Logger(() => (level, message) => {
@@ -80,7 +87,7 @@ async function publish(spec) {
   }
   const end = now();
   await utils.release();
-  emit("result", { start, end, accepted });
+  await emit("result", { start, end, accepted });
 }
 
 async function work(spec) {
@@ -113,16 +120,13 @@ async function work(spec) {
   runner.promise.catch((error) => (failed = error));
   let shown = -1;
   const ticker = setInterval(() => {
-    if (failed) {
-      emit("error", String(failed && failed.stack));
-      process.exit(1);
-    }
+    if (failed) emit("error", String(failed.stack)).then(() => process.exit(1));
     if (seqs.length !== shown) emit(`count ${(shown = seqs.length)}`);
   }, 20);
   await nextLine(); // "stop" (or the end of stdin)
   clearInterval(ticker);
   await runner.stop();
-  emit("result", { seqs, lat, last });
+  await emit("result", { seqs, lat, last });
   await pool.end();
 }
 
@@ -138,8 +142,5 @@ async function main() {
 
 main().then(
   () => process.exit(0),
-  (error) => {
-    emit("error", String(error && error.stack));
-    process.exit(1);
-  },
+  (error) => emit("error", String(error && error.stack)).then(() => process.exit(1)),
 );
