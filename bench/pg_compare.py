@@ -1,6 +1,6 @@
 """Conveyor on PostgreSQL against procrastinate and graphile-worker, on one PostgreSQL server.
 
-    .venv/bin/python bench/pg_compare.py                 # full run (about 6 minutes)
+    .venv/bin/python bench/pg_compare.py                 # full run (3 to 5 minutes)
     .venv/bin/python bench/pg_compare.py --quick         # a smoke run (a couple of minutes)
     .venv/bin/python bench/pg_compare.py --systems procrastinate,conveyor-pg-1
 
@@ -987,6 +987,7 @@ def print_table(table: dict[str, dict[str, float | None]], names: list[str]) -> 
     say("|---|" + "---:|" * len(names))
     for key, label, unit in ROWS:
         cells = [cell(table.get(n, {}).get(key), unit) for n in names]
+        label = label.replace("  ", "&nbsp;&nbsp;", 1) if label.startswith("  ") else label
         say(f"| {label} | " + " | ".join(cells) + " |")
         if key in RATIOS and others and conveyors:
             best = [v for v in (table.get(o, {}).get(key) for o in others) if v]
@@ -1023,7 +1024,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, of: {', '.join(all_systems())}")  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=10_000, help="N for batches and drains")
+    parser.add_argument("--jobs", type=int, default=20_000, help="N for batches and drains")
     parser.add_argument("--single-jobs", type=int, default=2_000,
                         help="jobs enqueued one at a time")  # fmt: skip
     parser.add_argument("--rate", type=float, default=1000.0, help="latency: jobs/s")
