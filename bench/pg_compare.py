@@ -18,7 +18,8 @@ The systems, each with the clients its users run:
 * graphile-worker (Node, bench/node/graphile.mjs): ``addJob`` / ``addJobs`` through
   WorkerUtils; workers are ``run()`` processes with 16 concurrent jobs, its batching on
   (a local queue of 64 jobs, completions batched, ``completeJobBatchDelay`` 0);
-* conveyor-pg-N: N brokers (``conveyor serve --db <dsn>``) on the one database; the SDK's
+* conveyor-pg-N: N brokers (``conveyor serve --db <dsn>``, run as ``python -m broker serve``
+  from this checkout, on a free port each) on the one database; the SDK's
   ``Client`` publishes and the SDK's ``Worker`` (prefetch 64) works, worker i connected to
   broker i mod N; conveyor-memory is one broker with the memory store (a reference: it
   keeps nothing in PostgreSQL).
