@@ -22,7 +22,11 @@ cited below). What a backend adds is *when*:
 - Read-only calls (``get_jobs``, ``stats``, ``dead_jobs``, ``queues``) see every change
   made before them, durable or not (their frames wait in the gate like any other).
 - A backend that fails (a store that cannot write) raises ``BackendError`` from its
-  calls, or fails their results with it; the broker must then stop. Bad arguments raise
+  calls, or fails their results with it; the broker must then stop. A backend that
+  cannot answer *now* (a database server out of reach) fails the results of the calls it
+  could not make with a ``BackendError`` too (the PostgreSQL backend's ``Unavailable``),
+  without stopping: such a call is never reported as done (one cut off at its commit
+  may still have happened), and later calls may succeed. Bad arguments raise
   the engine's ``InvalidArgument`` (its ``.field`` names the argument) and change
   nothing, except where a batch's items stand alone (``enqueue``, ``report``): there an
   item's error is its result.
@@ -174,13 +178,10 @@ def then(result: Pending[T], fn: Callable[[T], U]) -> Pending[U]:
 
 
 def ready(result: Pending[T]) -> T:
-    """The result of a call whose result must be there already.
-
-    The server reads each result in the callback that made the call (the local backend
-    answers at once); a backend that answers later needs its callers to wait, and meets
-    this error until they do."""
+    """The result of a call whose result must be there already (the local backend's,
+    read where it was made: tests and tools; the server goes through ``then``)."""
     if not result.done():
-        raise RuntimeError("the server needs a backend that answers at once (the local one)")
+        raise RuntimeError("result: not there yet (use then(), or await it)")
     return result.result()
 
 
