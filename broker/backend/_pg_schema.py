@@ -529,8 +529,11 @@ END $$;
 
 # v4: the leases a worker holds, found without a scan (a worker subscribing through
 # any broker: those it did not offer to re-attach are lapsed, see broker/dispatch.py).
+# Its predicate is one that only a query naming a worker implies: were it "state =
+# 'processing'", the planner would walk it for every ack and heartbeat by lease (which
+# say that much too) instead of looking their jobs up by seq.
 _V4 = """
-CREATE INDEX conveyor_jobs_holder ON conveyor_jobs (worker_id) WHERE state = 'processing';
+CREATE INDEX conveyor_jobs_holder ON conveyor_jobs (worker_id) WHERE worker_id IS NOT NULL;
 """
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)

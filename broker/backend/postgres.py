@@ -179,6 +179,10 @@ JOIN unnest(%s::text[], %s::text[]) AS u(queue, key) ON j.queue = u.queue AND j.
 
 # The validity predicate (HND-1) over a batch of (seq, lease).
 _VALID = "j.state = 'processing' AND j.lease = u.lease AND j.deadline > %(now)s"
+# The statements on a batch of leases are not prepared (``prepare=False``): a prepared
+# statement's generic plan, which the server switches to after a few runs, cannot see
+# how few leases a batch holds, and walked every held job for each ack instead of
+# looking the batch's jobs up by seq: an ack's cost grew with the jobs held.
 
 _ACK = f"""
 WITH d AS (
@@ -1379,7 +1383,9 @@ class PostgresBackend:
             if not seqs:
                 return []
             cur = await self._conn.execute(
-                statement, {"now": now, "seqs": seqs, "leases": tokens, "worker": worker}
+                statement,
+                {"now": now, "seqs": seqs, "leases": tokens, "worker": worker},
+                prepare=False,
             )
             return await cur.fetchall()
 
@@ -1394,7 +1400,9 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
-            cur = await self._conn.execute(_ACK, {"now": now, "seqs": seqs, "leases": tokens})
+            cur = await self._conn.execute(
+                _ACK, {"now": now, "seqs": seqs, "leases": tokens}, prepare=False
+            )
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)  # (an ack only takes events away)
@@ -1471,7 +1479,7 @@ class PostgresBackend:
                         cols[0].append(seq_)
                         for column, value in zip(cols[1:], update, strict=True):
                             column.append(value)
-                    await conn.execute(_SETTLE_REPORTS, cols)
+                    await conn.execute(_SETTLE_REPORTS, cols, prepare=False)
             return results
 
         results = await self._call(work, changes=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -19,7 +20,7 @@ from broker.server import Broker, running_broker
 from sdk import Client, Job, Worker, enqueue_tx_async
 
 from ..conformance.pg import database
-from ..sdk.conftest import Probe
+from ..sdk.conftest import ROOT, Probe, conveyor
 
 WAIT = 10.0
 
@@ -228,3 +229,23 @@ async def test_a_job_enqueued_in_the_applications_transaction_is_pushed_once_it_
             assert (first.id, first.payload) == (job_id, {"order": "committed"})
             assert second.payload == {"order": "after"}
             assert got.empty()
+
+
+async def test_a_broker_refuses_a_schema_newer_than_it_knows_and_says_so() -> None:
+    async with database() as dsn:
+        url = _url(dsn)
+        async with running_broker(Config(port=0, store="postgres", db_path=url)):
+            pass  # made the schema, at this broker's version
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await conn.execute("UPDATE conveyor_schema SET version = version + 1")
+        done = await asyncio.to_thread(
+            subprocess.run,
+            conveyor("serve", "--db", url, "--port", "0"),
+            capture_output=True,
+            text=True,
+            timeout=WAIT * 3,
+            cwd=ROOT,
+        )
+        assert done.returncode == 2, done
+        assert "newer than this broker's" in done.stderr
+        assert "run a newer broker" in done.stderr
