@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
+from broker.backend import Claim
 from broker.config import Config
 from broker.server import Broker, running_broker
 from sdk import Client, Job, Worker, enqueue_tx_async
@@ -249,3 +250,25 @@ async def test_a_broker_refuses_a_schema_newer_than_it_knows_and_says_so() -> No
         assert done.returncode == 2, done
         assert "newer than this broker's" in done.stderr
         assert "run a newer broker" in done.stderr
+
+
+async def test_a_lease_a_worker_never_got_lapses_when_it_subscribes_elsewhere() -> None:
+    async with brokers(2) as (a, b), Client(b.url) as client:
+        job_id = await client.enqueue("lost", {"n": 1})
+        # Broker a claims the job for worker "steady" and dies before pushing it: here,
+        # a claim made for it that no connection of its was told of.
+        ((claimed,),) = await a.backend.claim([Claim("steady", ("lost",), 1)])
+        assert claimed.id == job_id
+        got: asyncio.Queue[Job] = asyncio.Queue()
+        worker = Worker(b.url, worker_id="steady")
+
+        @worker.handler("lost")
+        async def handle(job: Job) -> None:
+            await got.put(job)
+
+        async with working(worker):
+            # It subscribes on b offering no lease: the one it never got lapses (its
+            # attempt spent) and the job comes to it again, under a new lease.
+            job = await asyncio.wait_for(got.get(), WAIT)
+        assert (job.id, job.attempt) == (job_id, 2)
+        assert job.lease != claimed.lease
