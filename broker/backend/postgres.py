@@ -1084,10 +1084,14 @@ class PostgresBackend:
         return self._spawn(self._sweep())
 
     async def settle(self) -> None:
-        """Every call made so far has committed (each commits before its result)."""
+        """Every call made so far has committed (each commits before its result), and so
+        has every call the backend made of its own (a sweep its timer asked for)."""
         last = self._last
         if last is not None and not last.done():
             await asyncio.wait([last])  # (its failure, or its cancelling, is its caller's)
+        for task in (self._sweeper, self._runner):
+            if task is not None and not task.done():
+                await asyncio.wait([task])
         self._check()
 
     # -- the job table -----------------------------------------------------------------------

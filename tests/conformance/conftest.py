@@ -31,11 +31,14 @@ from broker.store import MemoryStore, SqliteStore, Store
 from tests.store_files import copy_store
 
 from .pg import database
+from .spread import Spread
 
 START = 1_000_000.0
 SQLITE_KINDS = ["sqlite-normal", "sqlite-full"]
 DURABLE_KINDS = [*SQLITE_KINDS, "postgres"]
 KINDS = ["memory", *DURABLE_KINDS]
+# The suite across brokers: three backends on one database, called in turn (spread.py).
+RIG_KINDS = [*KINDS, "postgres-3"]
 
 
 @dataclass
@@ -122,7 +125,7 @@ class Rig:
     async def on_disk(self, ids: Sequence[str]) -> list[Job | None]:
         """The jobs ``ids`` as a broker killed now would find them at its next start:
         from a copy of the store's files, or from the database by a second backend."""
-        if self.kind == "postgres":
+        if self.kind.startswith("postgres"):
             kept = await open_kept(self.kind, self.path, self.dsn, SteppedScheduler(self.now))
         else:
             copy = copy_store(self.path, self.path.parent / "copy")
@@ -157,6 +160,8 @@ async def make_backend(
     id_prefix: str | None = None,
 ) -> Backend:
     """A backend of ``kind`` on ``path`` (a local one) or ``dsn`` (postgres)."""
+    if kind == "postgres-3":
+        return await Spread.open(dsn, clock, rng=rng, id_prefix=id_prefix)  # type: ignore[return-value]
     if kind == "postgres":
         return await PostgresBackend.open(
             dsn, clock, max_payload_bytes=1 << 20, rng=rng, id_prefix=id_prefix
@@ -170,11 +175,11 @@ async def open_kept(kind: str, path: Path, dsn: str, clock: SteppedScheduler) ->
     """A backend on the table a durable backend of ``kind`` kept (SQLite's files are
     opened with ``--sync normal``: the sync mode changes nothing that is read)."""
     return await make_backend(
-        "postgres" if kind == "postgres" else "sqlite-normal", path, dsn, clock
+        "postgres" if kind.startswith("postgres") else "sqlite-normal", path, dsn, clock
     )
 
 
-@pytest.fixture(params=KINDS)
+@pytest.fixture(params=RIG_KINDS)
 async def rig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
     """A backend of each kind, new and empty."""
     async with _rig(request.param, tmp_path) as made:
@@ -192,7 +197,7 @@ async def durable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 async def _rig(kind: str, tmp_path: Path) -> AsyncIterator[Rig]:
     path = tmp_path / "conveyor.db"
     async with contextlib.AsyncExitStack() as stack:
-        dsn = await stack.enter_async_context(database()) if kind == "postgres" else ""
+        dsn = await stack.enter_async_context(database()) if kind.startswith("postgres") else ""
         clock = SteppedScheduler(start=START)
         backend = await make_backend(kind, path, dsn, clock, rng=random.Random(7))
         heard = Heard()
