@@ -340,11 +340,12 @@ def _finish(conn: Peer, job_id: str, lease: str) -> None:
 
 def ack(conn: Peer, f: dict[str, Any]) -> Reply:
     job_id, lease = f["id"], f["lease"]
-    pending = conn.broker.backend.ack([(job_id, lease)])
-    # The slot is free from now (landed or not, the worker is done with the job): a
-    # backend that answers later may take the refill's claim with this ack.
-    _finish(conn, job_id, lease)
-    return then(pending, lambda landed: {"landed": landed[0]})
+
+    def reply(landed: list[bool]) -> Result:
+        _finish(conn, job_id, lease)
+        return {"landed": landed[0]}
+
+    return then(conn.broker.backend.ack([(job_id, lease)]), reply)
 
 
 def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Reply:
@@ -375,9 +376,12 @@ def heartbeat(conn: Peer, f: dict[str, Any]) -> Reply:
 
 def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
-    pending = conn.broker.backend.ack(pairs)
-    conn.broker.dispatcher.finished_many(conn.subscription, pairs)  # (as in ``ack``)
-    return then(pending, lambda landed: {"landed": landed})
+
+    def reply(landed: list[bool]) -> Result:
+        conn.broker.dispatcher.finished_many(conn.subscription, pairs)
+        return {"landed": landed}
+
+    return then(conn.broker.backend.ack(pairs), reply)
 
 
 def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Reply:
