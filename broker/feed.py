@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -51,6 +52,9 @@ TICK_S = 0.25  # at most four snapshots a second
 SAMPLE_S = 1.0  # one history sample a second
 HISTORY = 300  # five minutes of samples
 MAX_WORKERS_LISTED = 200
+# A broker on a shared table says it is alive every SAMPLE_S; one not heard from for this
+# long is gone from the others' dashboards.
+BROKER_TTL_S = 5.0
 MAX_DEAD_LIMIT = 100
 PREVIEW_CHARS = 200
 # A viewer's snapshots are at least this far apart (a hair under TICK_S, so that timer
@@ -116,6 +120,11 @@ class Feed:
         self._viewers: dict[Viewer, _Viewer] = {}
         self._rates: dict[str, _QueueRates] = {}
         self._wake = asyncio.Event()
+        # This broker's id on a shared table, and what the other brokers said of
+        # themselves at the last sample (their workers, for the dashboard).
+        self.broker_id = secrets.token_hex(8)
+        self._others: list[dict[str, Any]] = []
+        self._announced_at: float | None = None
         # Every queue's stats at the last sample (``/metrics`` of a backend that answers
         # later reads these rather than wait for the database).
         self.latest: Mapping[str, QueueStats] = {}
@@ -171,6 +180,11 @@ class Feed:
         """Take a sample when one is due, then send each viewer that keeps up a snapshot."""
         now = self.clock()
         queues = await self._sample(now)
+        if self._announced_at is None or not 0 <= now - self._announced_at < SAMPLE_S:
+            self._announced_at = now
+            self._others = await self.backend.announce(
+                self.broker_id, self._presence(), BROKER_TTL_S
+            )
         if not self._viewers:
             return
         # Each viewer gets at most one snapshot per TICK_S, however often the ticker is
@@ -187,8 +201,8 @@ class Feed:
         if not due:
             return
         shared_queues = raw_json(encode(queues))
-        shared_server = raw_json(encode(self.server_info()))
-        shared_workers = raw_json(encode(self._workers()))
+        shared_server = raw_json(encode({**self.server_info(), "brokers": 1 + len(self._others)}))
+        shared_workers = raw_json(encode(self._cluster_workers()))
         for conn, viewer in due:
             frame = {
                 "push": Push.SNAPSHOT.value,
@@ -247,9 +261,33 @@ class Feed:
                 out[name] = samples
         return out
 
+    def _presence(self) -> dict[str, Any]:
+        """What this broker tells the others of itself (``Backend.announce``)."""
+        return {"server": self.server_info(), "workers": self._workers()}
+
+    def _cluster_workers(self) -> dict[str, Any]:
+        """This broker's workers and those the other brokers on its table said they
+        have (as of their last second), each with the URL of the broker it is on."""
+        mine = self._workers()
+        if not self._others:
+            return mine
+        total = mine["total"]
+        listed = list(mine["list"])
+        for other in self._others:
+            workers = other.get("workers")
+            if not isinstance(workers, dict):
+                continue
+            count = workers.get("total")
+            total += count if isinstance(count, int) else 0
+            for entry in workers.get("list") or ():
+                if isinstance(entry, dict) and len(listed) < MAX_WORKERS_LISTED:
+                    listed.append(entry)
+        return {"total": total, "list": listed}
+
     def _workers(self) -> dict[str, Any]:
         subs = self.dispatcher.subscriptions
         listed: list[dict[str, Any]] = []
+        url = self.server_info().get("url")
         for sub in subs:
             if len(listed) >= MAX_WORKERS_LISTED:
                 break
@@ -262,6 +300,7 @@ class Feed:
                     "in_hand": len(sub.in_flight),
                     "connected_at": getattr(owner, "connected_at", None),
                     "last_seen_at": getattr(owner, "last_seen_at", None),
+                    "broker": url,
                 }
             )
         return {"total": len(subs), "list": listed}

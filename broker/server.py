@@ -147,6 +147,7 @@ class Broker:
         return {
             "version": __version__,
             "store": self.backend.name,
+            "url": self.url,
             "started_at": self.started_at,
             "connections": len(self.connections),
         }

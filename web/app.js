@@ -371,6 +371,12 @@ function renderServer(server, at) {
   setText($("server-store"), server.store ?? "–");
   setText($("server-uptime"), typeof server.started_at === "number" ? fmtDuration(at - server.started_at) : "–");
   setText($("server-connections"), fmtCount(server.connections));
+  // Several brokers share this job table (PostgreSQL): say how many, and whose worker is whose.
+  const brokers = typeof server.brokers === "number" ? server.brokers : 1;
+  setText($("server-brokers"), fmtCount(brokers));
+  $("server-brokers-item").hidden = brokers <= 1;
+  clusterView = brokers > 1;
+  ownUrl = typeof server.url === "string" ? server.url : "";
 }
 
 // -- queues -------------------------------------------------------------------------------
@@ -559,6 +565,8 @@ function drawChart(chart, samples, at) {
 // -- workers ------------------------------------------------------------------------------
 
 const workerRows = new Map();
+let clusterView = false; // several brokers: the workers table shows each one's broker
+let ownUrl = "";
 
 function workerRow(id) {
   const cells = {};
@@ -572,6 +580,7 @@ function workerRow(id) {
     cell("in_hand", "in-hand"),
     cell("connected_at"),
     cell("last_seen_at"),
+    cell("broker", "broker-col mono"),
   );
   cells.inHandText = el("span", { class: "in-hand-text" });
   cells.meter = el("span", { class: "meter-fill" });
@@ -604,7 +613,11 @@ function renderWorkers(workers, at) {
     const since = typeof w.connected_at === "number" ? w.connected_at : null;
     setText(c.connected_at, since === null ? "–" : `${fmtTime(since)} (${fmtDuration(at - since)})`);
     setText(c.last_seen_at, fmtAgo(w.last_seen_at, at));
+    const broker = typeof w.broker === "string" ? w.broker : "";
+    setText(c.broker, broker === ownUrl ? `${broker} (this one)` : broker);
+    c.broker.hidden = !clusterView;
   }
+  for (const th of document.querySelectorAll("#workers-table th.broker-col")) th.hidden = !clusterView;
   for (const [id, entry] of workerRows) {
     if (!seen.has(id)) {
       entry.row.remove();

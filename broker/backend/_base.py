@@ -333,6 +333,14 @@ class Backend(Protocol):
         under that valid lease, each heartbeaten (a worker that reconnected)."""
         ...
 
+    def announce(
+        self, broker_id: str, info: dict[str, Any], ttl_s: float
+    ) -> Pending[list[dict[str, Any]]]:
+        """Say that broker ``broker_id`` is alive, as ``info`` (JSON) describes it; the
+        ``info`` of every other broker on this table that said so within ``ttl_s``. A
+        table of one broker's own has no others: ``[]``."""
+        ...
+
     def held_leases(self, worker_id: str | None = None) -> Pending[list[tuple[str, str, str]]]:
         """``(id, lease, worker id)`` of every job under a valid lease now (of
         ``worker_id``'s only, when given)."""

@@ -536,7 +536,18 @@ _V4 = """
 CREATE INDEX conveyor_jobs_holder ON conveyor_jobs (worker_id) WHERE worker_id IS NOT NULL;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4)
+# v5: the brokers on this table, each row renewed every second while its broker lives
+# (the dashboard lists every broker's workers). Unlogged: nothing in it outlives a crash
+# of the server that matters; a broker's next second writes it again.
+_V5 = """
+CREATE UNLOGGED TABLE conveyor_brokers (
+    id text PRIMARY KEY,
+    info jsonb NOT NULL,
+    seen_at float8 NOT NULL
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..commit import CommitGate
 from ..egress import IMMEDIATE, Gate
@@ -283,6 +284,12 @@ class LocalBackend:
                 held.append((job_id, lease))
         self._changed()
         return Ready(held)
+
+    def announce(
+        self, broker_id: str, info: dict[str, Any], ttl_s: float
+    ) -> Ready[list[dict[str, Any]]]:
+        self._check()
+        return Ready([])  # (this table is this broker's alone)
 
     def held_leases(self, worker_id: str | None = None) -> Ready[list[tuple[str, str, str]]]:
         self._check()

@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from ..egress import IMMEDIATE, Gate
 from ..engine import (
@@ -208,6 +209,20 @@ UPDATE conveyor_jobs j SET deadline = %(now)s
 FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
 WHERE j.seq = u.seq AND {_VALID}
 RETURNING j.seq, j.lease, j.queue
+"""
+
+# A broker's row says it is alive; rows not renewed for a minute are cleared. (The
+# statement's own upsert is not visible to its SELECT: the others' rows are.)
+_ANNOUNCE = """
+WITH up AS (
+    INSERT INTO conveyor_brokers (id, info, seen_at) VALUES (%(me)s, %(info)s, %(now)s)
+    ON CONFLICT (id) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at
+), gone AS (
+    DELETE FROM conveyor_brokers WHERE seen_at < %(now)s - 60
+)
+SELECT info FROM conveyor_brokers
+WHERE id <> %(me)s AND seen_at >= %(now)s - %(ttl)s AND seen_at <= %(now)s + %(ttl)s
+ORDER BY id
 """
 
 _REPORTED = """
@@ -1047,6 +1062,11 @@ class PostgresBackend:
     ) -> asyncio.Task[list[tuple[str, str]]]:
         return self._spawn(self._reattach(worker_id, leases))
 
+    def announce(
+        self, broker_id: str, info: dict[str, Any], ttl_s: float
+    ) -> asyncio.Task[list[dict[str, Any]]]:
+        return self._spawn(self._announce(broker_id, info, ttl_s))
+
     def held_leases(self, worker_id: str | None = None) -> asyncio.Task[list[tuple[str, str, str]]]:
         return self._spawn(self._held_leases(worker_id))
 
@@ -1506,6 +1526,19 @@ class PostgresBackend:
     ) -> list[tuple[str, str]]:
         landed, _ = await self._by_lease(_HEARTBEAT, leases, worker=worker_id)
         return [pair for pair, ok in zip(leases, landed, strict=True) if ok]
+
+    async def _announce(
+        self, broker_id: str, info: dict[str, Any], ttl_s: float
+    ) -> list[dict[str, Any]]:
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(
+                _ANNOUNCE,
+                {"me": broker_id, "info": Jsonb(info), "now": now, "ttl": ttl_s},
+            )
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=False)
+        return [row[0] for row in rows if isinstance(row[0], dict)]
 
     async def _held_leases(self, worker_id: str | None) -> list[tuple[str, str, str]]:
         async def work(now: float) -> list[tuple[Any, ...]]:

@@ -101,3 +101,8 @@ async def test_stats_count_each_state(rig: Rig) -> None:
     assert q.totals.enqueued == 4 and q.totals.dead == 1
     assert await rig.backend.stats(["nowhere"]) == {}
     assert await rig.backend.queues() == ["q"]
+
+
+async def test_announce_says_who_else_is_on_the_table(rig: Rig) -> None:
+    # One backend on its table: nobody else (on a shared table, nobody else yet).
+    assert await rig.backend.announce("me", {"server": {"url": "ws://me"}}, 5.0) == []

@@ -351,3 +351,20 @@ async def test_the_lead_goes_with_the_leaders_session(dsn: str) -> None:
     finally:
         await one.close()
         await two.close()
+
+
+async def test_brokers_on_one_database_hear_each_others_announcements(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    a = await _open(dsn, clock)
+    b = await _open(dsn, clock)
+    try:
+        assert await a.announce("a", {"workers": {"total": 1}}, 5.0) == []
+        assert await b.announce("b", {"workers": {"total": 2}}, 5.0) == [{"workers": {"total": 1}}]
+        clock.advance(3)
+        assert await a.announce("a", {"workers": {"total": 3}}, 5.0) == [{"workers": {"total": 2}}]
+        clock.advance(3)  # b said nothing for 6 s: gone from a's view
+        assert await a.announce("a", {"workers": {"total": 3}}, 5.0) == []
+        assert await b.announce("b", {"workers": {"total": 2}}, 5.0) == [{"workers": {"total": 3}}]
+    finally:
+        await b.close()
+        await a.close()
