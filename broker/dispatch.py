@@ -115,20 +115,14 @@ class Dispatcher:
     loop's, for a ``LoopScheduler``). It listens to ``backend`` from the start.
     """
 
-    def __init__(
-        self,
-        backend: Backend,
-        *,
-        grace_s: float,
-        scheduler: Scheduler,
-        lapse_orphans: bool = True,
-    ) -> None:
-        """``lapse_orphans``: a dropped worker's leases lapse after ``grace_s`` unless it
-        re-attaches them (else they run to their deadline, like a silent worker's)."""
+    def __init__(self, backend: Backend, *, grace_s: float, scheduler: Scheduler) -> None:
+        """A dropped worker's leases lapse after ``grace_s`` unless it re-attaches them;
+        on a table shared with other brokers (``backend.shared``) they run to their
+        deadline instead, like a silent worker's: the worker may be back through another
+        broker, its leases re-attached there."""
         self.backend = backend
         backend.listen(self)
         self.grace_s = grace_s
-        self._lapse_orphans = lapse_orphans
         self._scheduler = scheduler
         self._waiting: dict[str, dict[Subscription, None]] = {}
         self._hungry: dict[Subscription, None] = {}
@@ -136,7 +130,7 @@ class Dispatcher:
         self._dirty: set[str] = set()
         # The claims whose result has not come yet, each with the news that came while it
         # ran (it may have been made before that news): looked at again when it is back.
-        self._running: dict[int, _News] = {}
+        self._running: set[_News] = set()
         self._holders: dict[str, tuple[Subscription, str]] = {}  # job id -> (holder, lease)
         # Every lease some subscription's window counts -> that subscription. A job's
         # earlier, lapsed lease stays here (and takes its slot) until it is reported.
@@ -208,7 +202,7 @@ class Dispatcher:
         that ended (a broker that died with the push unsent), which it never got. (On a
         table of its own, the disconnect grace does this: ``_orphan``.) Asked before any
         claim for ``sub`` is made, so that none of those is among them."""
-        if self._lapse_orphans:
+        if not self.backend.shared:
             return
         mine = set(sub.in_flight)
 
@@ -255,7 +249,7 @@ class Dispatcher:
     def _orphan(self, worker_id: str, held: dict[str, str]) -> None:
         """``held`` (lease -> job id) waits the grace for ``worker_id`` to re-attach it,
         together with what the worker left before, then lapses (at once with no grace)."""
-        if not self._lapse_orphans:
+        if self.backend.shared:
             return
         if self.grace_s <= 0:
             self._lapse(held)
@@ -326,7 +320,7 @@ class Dispatcher:
 
     def work_waiting(self, queues: frozenset[str] | None) -> None:
         """Jobs of ``queues`` (``None``: of any queue) may have become claimable."""
-        for news in self._running.values():
+        for news in self._running:
             if queues is None:
                 news.anything = True
             else:
@@ -425,7 +419,7 @@ class Dispatcher:
             self._handed(subs, claims, line, pending, None)
             return
         news = _News()
-        self._running[id(news)] = news
+        self._running.add(news)
         pending.add_done_callback(lambda came: self._handed(subs, claims, line, came, news))
 
     def _handed(
@@ -461,7 +455,7 @@ class Dispatcher:
         if now:
             self._send(out)
         if news is not None:
-            del self._running[id(news)]
+            self._running.discard(news)
             if news.anything:
                 self._mark(None)
             elif news.queues:

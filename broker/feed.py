@@ -180,7 +180,9 @@ class Feed:
         """Take a sample when one is due, then send each viewer that keeps up a snapshot."""
         now = self.clock()
         queues = await self._sample(now)
-        if self._announced_at is None or not 0 <= now - self._announced_at < SAMPLE_S:
+        if self.backend.shared and (
+            self._announced_at is None or not 0 <= now - self._announced_at < SAMPLE_S
+        ):
             self._announced_at = now
             self._others = await self.backend.announce(
                 self.broker_id, self._presence(), BROKER_TTL_S

@@ -24,10 +24,10 @@ from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 
 from . import __version__
 from .auth import TokenSlots
-from .backend import Backend, LocalBackend, database_scheduler, open_backend
+from .backend import Backend, LocalBackend, database_scheduler, open_backend, ready
 from .config import Config
 from .connection import Connection
-from .dispatch import Dispatcher, logged
+from .dispatch import Dispatcher
 from .engine import InvalidArgument, QueueStats, check_queue_name
 from .feed import Feed
 from .http import address, route
@@ -56,14 +56,8 @@ class Broker:
         self.stopped = stopped
         self.backend = backend
         self._owned_scheduler: Scheduler | None = None  # (made by ``open``: closed by ``close``)
-        local = isinstance(backend, LocalBackend)
         self.dispatcher = Dispatcher(
-            backend,
-            grace_s=config.disconnect_grace_s,
-            scheduler=scheduler,
-            # On a shared table a dropped worker may be back through another broker,
-            # its lease re-attached there: its jobs lapse at their deadline instead.
-            lapse_orphans=local,
+            backend, grace_s=config.disconnect_grace_s, scheduler=scheduler
         )
         # A durable store pushes whole windows: see Dispatcher._push.
         self.dispatcher.split_windows = not backend.durable
@@ -117,7 +111,7 @@ class Broker:
                 await backend.set_queue(name, opts)
             broker = cls(config, backend, scheduler, stopped)
             broker._owned_scheduler = owned
-            if isinstance(backend, LocalBackend):
+            if not backend.shared:
                 # A restart dropped every connection: jobs still under a valid lease get
                 # the disconnect grace for their workers to re-attach them, then lapse
                 # (protocol §9). (A shared table's leases are other brokers' too.)
@@ -134,13 +128,11 @@ class Broker:
         await _close_scheduler(self._owned_scheduler)
 
     def _stats_now(self) -> Mapping[str, QueueStats]:
-        """Every queue's stats for ``/metrics``: the table's now, or (a backend that
-        answers later) the feed's last sample, at most a second old."""
-        pending = self.backend.stats()
-        if pending.done():
-            return pending.result()
-        logged(pending, "stats")
-        return self.feed.latest
+        """Every queue's stats for ``/metrics``: the table's now, or (a table shared with
+        other brokers, in a database) the feed's last sample, at most a second old."""
+        if self.backend.shared:
+            return self.feed.latest
+        return ready(self.backend.stats())
 
     def server_info(self) -> dict[str, Any]:
         """The dashboard's header: who this broker is and how busy."""
@@ -238,21 +230,20 @@ async def running_broker(
     shown = f"[{host}]" if ":" in host else host
     broker.url = f"{'wss' if config.secure else 'ws'}://{shown}:{port}{WS_PATH}"
     # The local table's safety net; a shared table is swept by its elected broker.
-    sweeper = asyncio.get_running_loop().create_task(
-        _sweep_forever(broker) if isinstance(broker.backend, LocalBackend) else _nothing()
-    )
-    feed = asyncio.get_running_loop().create_task(broker.feed.run())
+    tasks = [asyncio.get_running_loop().create_task(broker.feed.run())]
+    if not broker.backend.shared:
+        tasks.append(asyncio.get_running_loop().create_task(_sweep_forever(broker)))
     try:
         yield broker
     finally:
         broker.closing = True
-        sweeper.cancel()
-        feed.cancel()
+        for task in tasks:
+            task.cancel()
         with contextlib.suppress(StoreError):  # (a failed store: logged, and stops us anyway)
             await broker.backend.settle()  # answered work is durable before anyone hears "bye"
         await server.close(CLOSE_GOING_AWAY, "broker shutting down")
         broker.dispatcher.close()
-        for task in (sweeper, feed):
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         # Closing the connections changed the table too (with no disconnect grace, their
@@ -264,10 +255,6 @@ async def _close_scheduler(scheduler: Scheduler | None) -> None:
     close = getattr(scheduler, "aclose", None)  # (a database clock's connection)
     if close is not None:
         await close()
-
-
-async def _nothing() -> None:
-    pass
 
 
 async def _sweep_forever(broker: Broker) -> None:

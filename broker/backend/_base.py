@@ -275,6 +275,9 @@ class Backend(Protocol):
     name: str
     # Whether the table outlives the process.
     durable: bool
+    # Whether other brokers change this table too (a dropped worker may be back through
+    # one of them; they sweep it and count it as well).
+    shared: bool
     # Where frames made from results wait (broker/egress.py).
     gate: Gate
     # Why the backend cannot go on (the broker stops), once it failed; else ``None``.

@@ -63,6 +63,7 @@ class LocalBackend:
         self.store = store
         self.name = store.name
         self.durable = store.durable
+        self.shared = False  # (this process's table alone)
         self._scheduler = scheduler
         self._on_failure = on_failure
         self.table = store.load(

@@ -401,6 +401,7 @@ class PostgresBackend:
 
     name = "postgres"
     durable = True
+    shared = True
     # A result comes once its transaction committed: a frame made from it waits for
     # nothing more.
     gate: Gate = IMMEDIATE

@@ -49,6 +49,7 @@ class Spread:
 
     name = "postgres"
     durable = True
+    shared = True
     gate = IMMEDIATE
 
     def __init__(self, backends: list[PostgresBackend]) -> None:
