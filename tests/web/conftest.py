@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,24 @@ WAIT_MS = WAIT * 1000
 VIEWPORT: Any = {"width": 1400, "height": 900}
 
 BASE = Config(port=0, store="memory", disconnect_grace_s=0.0, sweep_interval_s=60.0)
+
+
+def skip_without_browser() -> None:
+    """Skip the calling test module unless Chromium and Playwright are here (``make
+    test``, run as root, installs Chromium)."""
+    if not CHROMIUM.exists():
+        pytest.skip(
+            f"the dashboard's browser tests need Debian's Chromium at {CHROMIUM}: install it "
+            "with `apt-get update && apt-get install -y chromium` (`make test` does so when "
+            "run as root)",
+            allow_module_level=True,
+        )
+    if importlib.util.find_spec("playwright") is None:
+        pytest.skip(
+            "the dashboard's browser tests need Playwright: `.venv/bin/pip install playwright` "
+            "(never `playwright install`: the tests drive /usr/bin/chromium)",
+            allow_module_level=True,
+        )
 
 
 def port_of(broker: Broker) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 from dataclasses import replace
 
 import pytest
@@ -16,21 +15,11 @@ from sdk import Client, Job, Worker
 
 from ..conformance.pg import database
 from ..postgres.test_brokers import _url
-from .conftest import BASE, CHROMIUM, LOOP, Tab, open_dashboard, working
+from .conftest import BASE, LOOP, Tab, open_dashboard, skip_without_browser, working
 
-if not CHROMIUM.exists():
-    pytest.skip(
-        f"the dashboard's browser tests need Debian's Chromium at {CHROMIUM}: install it with "
-        "`apt-get update && apt-get install -y chromium` (`make test` does so when run as root)",
-        allow_module_level=True,
-    )
-if importlib.util.find_spec("playwright") is None:
-    pytest.skip(
-        "the dashboard's browser tests need Playwright: `.venv/bin/pip install playwright`",
-        allow_module_level=True,
-    )
+skip_without_browser()
 
-from playwright.async_api import expect
+from playwright.async_api import expect  # noqa: E402 (only once it is known to be here)
 
 pytestmark = pytest.mark.asyncio(loop_scope=LOOP)
 

@@ -9,7 +9,6 @@ page from another origin cannot open the broker's socket.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import re
 from dataclasses import replace
 
@@ -21,7 +20,6 @@ from sdk._wire import Role
 
 from .conftest import (
     BASE,
-    CHROMIUM,
     LOOP,
     WAIT,
     Tab,
@@ -29,23 +27,13 @@ from .conftest import (
     page_url,
     port_of,
     serving,
+    skip_without_browser,
     working,
 )
 
-if not CHROMIUM.exists():
-    pytest.skip(
-        f"the dashboard's browser tests need Debian's Chromium at {CHROMIUM}: install it with "
-        "`apt-get update && apt-get install -y chromium` (`make test` does so when run as root)",
-        allow_module_level=True,
-    )
-if importlib.util.find_spec("playwright") is None:
-    pytest.skip(
-        "the dashboard's browser tests need Playwright: `.venv/bin/pip install playwright` "
-        "(never `playwright install`: the tests drive /usr/bin/chromium)",
-        allow_module_level=True,
-    )
+skip_without_browser()
 
-from playwright.async_api import Locator, Page, expect
+from playwright.async_api import Locator, Page, expect  # noqa: E402 (once known here)
 
 pytestmark = pytest.mark.asyncio(loop_scope=LOOP)
 
