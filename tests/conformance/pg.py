@@ -7,10 +7,11 @@ so that a missing server cannot pass for a green suite.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import psycopg
 import pytest
@@ -80,3 +81,16 @@ async def empty(dsn: str) -> None:
                 "TRUNCATE conveyor_jobs, conveyor_queues, conveyor_counts, conveyor_meta "
                 "RESTART IDENTITY"
             )
+
+
+async def until(
+    check: Callable[[], bool], what: str = "the awaited change", bound_s: float = 30.0
+) -> None:
+    """Wait on the real clock (news travels through the server, which tells no event
+    here) until ``check()``; fail naming ``what`` past ``bound_s``, a bound that decides
+    nothing on speed."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + bound_s
+    while not check():
+        assert loop.time() < end, f"not in {bound_s} s: {what}"
+        await asyncio.sleep(0.01)

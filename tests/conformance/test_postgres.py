@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -21,6 +21,7 @@ from broker.store import StoreError
 
 from .conftest import START, Heard
 from .pg import database
+from .pg import until as _until
 
 
 @pytest.fixture
@@ -82,15 +83,6 @@ async def test_one_key_enqueued_by_two_brokers_at_once_is_one_job_enq_10(dsn: st
     finally:
         await one.close()
         await two.close()
-
-
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait (on the real clock: news travels through the server) until ``check()``."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not check():
-        assert loop.time() < end, "not told in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_a_broker_hears_of_another_brokers_work_and_cancels(dsn: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 
 import psycopg
 
@@ -19,18 +18,10 @@ from broker.backend.postgres import PostgresBackend
 from broker.scheduler import SteppedScheduler
 from tests.conformance.conftest import START, Heard
 
+from ..conformance.pg import until as _until
 from ._server import private_server
 
-_BOUND_S = 30.0
 POLL_S = 1.0
-
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + _BOUND_S
-    while not check():
-        assert loop.time() < end, f"not in {_BOUND_S}s: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def _poll(backend: PostgresBackend, clock: SteppedScheduler) -> None:

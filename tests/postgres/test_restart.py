@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
 
 import pytest
 
@@ -21,18 +20,11 @@ from broker.scheduler import SteppedScheduler
 from broker.store import StoreError
 from tests.conformance.conftest import START, Heard
 
+from ..conformance.pg import until as _until
 from ._server import private_server
 
 # Each wait below is bounded; none decides the test on speed.
 _BOUND_S = 30.0
-
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + _BOUND_S
-    while not check():
-        assert loop.time() < end, f"not in {_BOUND_S}s: {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_server_restart_makes_calls_unavailable_and_then_they_work_again() -> None:

@@ -42,6 +42,8 @@ from sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
 from tests.conformance.conftest import Heard
 from tests.conformance.pg import database, database_sync
 
+from ..conformance.pg import until as _until
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The size limit of the shared database, set as docs/postgres.md says, and the brokers'.
 LIMIT = 1024
@@ -66,15 +68,6 @@ async def _open(
         dsn, clock, max_payload_bytes=limit, rng=random.Random(0), id_prefix="j-"
     )
     return backend, clock
-
-
-async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait until ``check()``: news from the database arrives on the real clock."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not check():
-        assert loop.time() < end, "not told in time"
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture
