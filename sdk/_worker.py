@@ -522,7 +522,7 @@ class Worker:
         again: list[Job] = []
         for job in jobs:
             first, delay = self._ack_retries.get(job.id, (now, _ACK_RETRY_FIRST_S / 2))
-            if now - first >= job.visibility_timeout_s or self._session is None:
+            if now - first >= job.visibility_timeout_s:
                 log.warning("job %s: ack not delivered: the broker stayed unavailable", job.id)
                 self._ack_retries.pop(job.id, None)
                 self._finished(job)
@@ -536,11 +536,6 @@ class Worker:
             self._loop.call_later(wait, self._requeue_acks, again)
 
     def _requeue_acks(self, jobs: list[Job]) -> None:
-        if self._session is None:  # run() ended meanwhile: the leases lapse
-            for job in jobs:
-                self._ack_retries.pop(job.id, None)
-                self._finished(job)
-            return
         for job in jobs:
             self._queue_ack(job)
 
