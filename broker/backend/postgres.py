@@ -712,24 +712,6 @@ class PostgresBackend:
             self._refresh_timer()
             return
 
-    def _tell_time(self, events: list[float]) -> None:
-        """Tell the other brokers of the earliest of ``events`` (timed events an enqueue
-        made: a job maturing, one expiring), so that their timers fire then too: their
-        workers may be the ones waiting for it."""
-        if not events:
-            return
-
-        async def tell(now: float) -> None:
-            await self._conn.execute("SELECT pg_notify('conveyor', %s)", (f"t:{min(events)!r}",))
-
-        def told(task: asyncio.Task[None]) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                log.warning("postgres: could not tell other brokers of a timed event")
-
-        asyncio.get_running_loop().create_task(self._call(tell, changes=False)).add_done_callback(
-            told
-        )
-
     def _id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
 
@@ -1123,8 +1105,8 @@ class PostgresBackend:
         """Store each ``(queue, resolved, backoff_max_s)`` job; the ids. A job whose key
         a live job of its queue holds gets that job's id and changes nothing (ENQ-10),
         and so does one whose key an earlier job of ``jobs`` holds (ENQ-11). Adds to
-        ``events`` the earliest timed event the stored jobs bring (a ready time to come,
-        an expiry: TIM-4)."""
+        ``events`` the timed events the stored jobs bring (a ready time to come, an
+        expiry: TIM-4), and tells the other brokers of the earliest ("t:" and the time)."""
         conn = self._conn
         ids: list[str | None] = [None] * len(jobs)
         first: dict[tuple[str, str], int] = {}
@@ -1189,6 +1171,10 @@ class PostgresBackend:
                     ids[index] = self._id(seq)
         if todo:
             raise StoreError("postgres: a key kept changing hands during an enqueue")
+        if events:
+            # The other brokers' timers fire then too (told at the commit, with the jobs):
+            # their workers may be the ones waiting for it.
+            await conn.execute("SELECT pg_notify('conveyor', %s)", (f"t:{min(events)!r}",))
         out: list[str] = []
         for index, (name, resolved, _) in enumerate(jobs):
             job_id = ids[index]
@@ -1258,7 +1244,6 @@ class PostgresBackend:
             if isinstance(result, str):
                 touched.add(item.queue)
         self._listeners.work_waiting(frozenset(touched))
-        self._tell_time(nearest)
         return out
 
     async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
@@ -1285,7 +1270,6 @@ class PostgresBackend:
         if refused:
             raise refused[0]
         self._listeners.work_waiting(frozenset([queue]))
-        self._tell_time(nearest)
         return ids
 
     async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:

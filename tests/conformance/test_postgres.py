@@ -114,6 +114,30 @@ async def test_a_broker_hears_of_another_brokers_work_and_cancels(dsn: str) -> N
         await two.close()
 
 
+async def test_a_delayed_job_enqueued_through_another_broker_wakes_this_one_in_time(
+    dsn: str,
+) -> None:
+    clock = SteppedScheduler(start=START)
+    # (The fallback poll, which would find the job too, is set out of the way.)
+    one, two = [
+        await PostgresBackend.open(dsn, clock, max_payload_bytes=1 << 20, poll_s=3600.0)
+        for _ in range(2)
+    ]
+    heard = Heard()
+    one.listen(heard)
+    try:
+        await two.enqueue([Enqueue("q", 1, delay_s=60.0)])
+        await _until(lambda: heard.told_work("q"))  # (the enqueue's notice)
+        heard.forget()
+        clock.advance(60.0)
+        # Its timer was set from the enqueue's news of the job's time: it fires then.
+        await _until(lambda: heard.told_work("q"), "one's timer, set from two's news")
+        assert [c.id for c in (await one.claim([Claim("w", ("q",), 1)]))[0]] != []
+    finally:
+        await two.close()
+        await one.close()
+
+
 async def test_a_database_of_an_older_schema_is_migrated(dsn: str) -> None:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
