@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/broker_cpu.py [--store memory|sqlite] [--jobs 30000]
 
-The broker runs as its own process (``python -m broker serve``, started from whatever
+The broker runs as its own process (``python -m conveyor serve``, started from whatever
 ``broker`` package this interpreter imports, so ``PYTHONPATH=<tree>`` measures another
 tree); its user and system CPU time is read from ``/proc/<pid>/stat`` around each phase.
 CPU per job is steadier than throughput on a shared machine: it does not count the time
@@ -23,7 +23,7 @@ import time
 
 import uvloop
 
-from sdk import Client, Job, Worker
+from conveyor.sdk import Client, Job, Worker
 
 WARMUP = 2000
 
@@ -42,7 +42,7 @@ def start_broker(store: str) -> tuple[subprocess.Popen[bytes], str]:
         port = probe.getsockname()[1]
     folder = tempfile.mkdtemp(prefix="conveyor-cpu-")
     broker = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port),
          "--store", store, "--db", os.path.join(folder, "bench.db")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

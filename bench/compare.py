@@ -82,7 +82,7 @@ CTX = mp.get_context("spawn")
 
 
 def conveyor_build() -> str:
-    """The commit the broker runs from, whether broker/ or sdk/ differ from it, the loop."""
+    """The commit the broker runs from, whether conveyor/ differs from it, the loop."""
     try:
         import uvloop  # noqa: F401
 
@@ -93,21 +93,21 @@ def conveyor_build() -> str:
         return f"snapshot of commit {SNAPSHOT[0]} (git archive), {loop}"
     git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run([*git, "status", "--porcelain", "broker", "sdk"], capture_output=True,
+    dirty = subprocess.run([*git, "status", "--porcelain", "conveyor"], capture_output=True,
                            text=True).stdout.strip()  # fmt: skip
-    state = "with uncommitted changes in broker/ or sdk/" if dirty else "clean"
+    state = "with uncommitted changes in conveyor/" if dirty else "clean"
     return f"working tree at commit {head.stdout.strip() or '?'}, {state}, {loop}"
 
 
 def take_snapshot() -> Path:
-    """Copy HEAD's broker/, sdk/, web/ and the engine benchmark to a temporary directory and
+    """Copy HEAD's conveyor/ and the engine benchmark to a temporary directory and
     run Conveyor (the broker, the SDK clients, engine_cost.py) from there, so that edits
     made while the harness runs cannot mix versions within one run."""
     tmp = Path(tempfile.mkdtemp(prefix="conveyor-snapshot-"))
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "HEAD", "broker", "sdk", "web", "bench/engine_cost.py"],
+        ["git", "-C", str(ROOT), "archive", "HEAD", "conveyor", "bench/engine_cost.py"],
         capture_output=True,
         check=True,
     )
@@ -123,7 +123,7 @@ def take_snapshot() -> Path:
 def sdk_loop_name(choice: str) -> str:
     """The loop ``--sdk-loop choice`` runs the SDK's worker on, by name (the choice made
     as ``conveyor worker --loop`` makes it; ImportError for uvloop when it is missing)."""
-    from sdk._loop import loop_factory
+    from conveyor.sdk._loop import loop_factory
 
     return "asyncio's loop" if loop_factory(choice) is None else "uvloop"
 
@@ -180,7 +180,7 @@ class System:
     def check(self) -> str:
         """Raise Skip when the system cannot run here; return a version string."""
         if self.kind == "conveyor":
-            import broker
+            from conveyor import broker
 
             return f"conveyor {broker.__version__} ({conveyor_build()})"
         if self.kind == "rabbitmq":
@@ -290,7 +290,7 @@ def free_port() -> int:
 
 def start_conveyor(store: str, sync: str, tmp: Path, *extra: str) -> tuple[Any, str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--host", HOST, "--port", "0",
+        [sys.executable, "-m", "conveyor", "serve", "--host", HOST, "--port", "0",
          "--store", store, "--db", str(tmp / "bench.db"), "--sync", sync,
          "--log-level", "warning",
          # Every bench client connects from loopback: lift the per-address limit.
@@ -497,7 +497,7 @@ class ConveyorSdkPublisher:
     """The SDK's Client (every enqueue carries an idempotency key, as the SDK does)."""
 
     def __init__(self, url: str) -> None:
-        from sdk import Client
+        from conveyor.sdk import Client
 
         self.client = Client(url)
 
@@ -802,15 +802,15 @@ class ConveyorSdkWorker:
         # The Worker connects and subscribes in run(), at "go". Importing the SDK happens
         # here, before "ready", as the other clients' imports do: at "go" it stalled the
         # first jobs of every latency round.
-        from sdk import Worker
+        from conveyor.sdk import Worker
 
         self.worker = Worker(self.url, queues=[QUEUE], worker_id=self.name, prefetch=PREFETCH)
 
     async def run(self, tally: Tally) -> None:
-        from sdk import Job
+        from conveyor.sdk import Job
 
         if tally.stamp_reads:  # every SDK socket of this process: the class's method
-            from sdk._transport import Socket
+            from conveyor.sdk._transport import Socket
 
             Socket.data_received = noting_reads(Socket.data_received, tally)  # type: ignore[method-assign]
 
@@ -902,7 +902,7 @@ def worker_main(
             # clients and every publisher stay on asyncio's, as a plain client would.
             factory = None
             if target.kind == "conveyor" and target.sdk:
-                from sdk._loop import loop_factory
+                from conveyor.sdk._loop import loop_factory
 
                 factory = loop_factory(target.sdk_loop)
             with asyncio.Runner(loop_factory=factory) as runner:

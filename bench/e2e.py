@@ -37,7 +37,7 @@ IN_FLIGHT = 64
 
 async def start_broker(store: str, db: Path) -> tuple[asyncio.subprocess.Process, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker", "serve", "--port", "0", "--store", store,
+        sys.executable, "-m", "conveyor", "serve", "--port", "0", "--store", store,
         "--db", str(db), "--log-level", "warning",
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
     )  # fmt: skip

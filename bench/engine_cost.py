@@ -19,7 +19,7 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from broker.engine import JobHandle, JobTable, Queue, QueueOpts, RawJSON
+from conveyor.broker.engine import JobHandle, JobTable, Queue, QueueOpts, RawJSON
 
 ROUND = 500
 PAYLOAD = RawJSON(b'{"to":"someone@example.com","subject":"hello","body":"' + b"x" * 45 + b'"}')

@@ -18,12 +18,12 @@ import statistics
 import time
 from typing import Any
 
-from broker.backend import LocalBackend
-from broker.dispatch import Dispatcher
-from broker.engine import RawJSON
-from broker.feed import Feed
-from broker.scheduler import ManualScheduler
-from broker.store import MemoryStore
+from conveyor.broker.backend import LocalBackend
+from conveyor.broker.dispatch import Dispatcher
+from conveyor.broker.engine import RawJSON
+from conveyor.broker.feed import Feed
+from conveyor.broker.scheduler import ManualScheduler
+from conveyor.broker.store import MemoryStore
 
 PAYLOAD = RawJSON(b'{"to":"someone@example.com","subject":"hello","body":"' + b"x" * 45 + b'"}')
 

@@ -64,8 +64,7 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
     The broker is imported from the working directory (``compare.conveyor_root()`` of the
     process that started this one: a ``--snapshot`` copy, say)."""
     sys.path.insert(0, os.getcwd())
-    import broker.cli
-    import broker.connection as connection
+    from conveyor.broker import cli, connection
 
     reads: list[tuple[float, bytes]] = []
     starts: list[tuple[float, list[bytes]]] = []
@@ -111,7 +110,7 @@ def serve_stamped(stamps_path: str, argv: list[str]) -> int:
     connection.Connection._on_message = stamped_on_message  # type: ignore[method-assign]
     connection.Socket.write_text_frames = stamped_write  # type: ignore[method-assign]
     atexit.register(dump)
-    return broker.cli.main(argv)
+    return cli.main(argv)
 
 
 class Stamped(compare.System):

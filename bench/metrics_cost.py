@@ -29,10 +29,10 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import connect
 
-from broker.config import Config
-from broker.engine import JobTable
-from broker.metrics import Metrics
-from broker.server import running_broker
+from conveyor.broker.config import Config
+from conveyor.broker.engine import JobTable
+from conveyor.broker.metrics import Metrics
+from conveyor.broker.server import running_broker
 
 
 def fill(table: JobTable, queues: int) -> None:

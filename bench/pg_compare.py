@@ -18,7 +18,7 @@ The systems, each with the clients its users run:
 * graphile-worker (Node, bench/node/graphile.mjs): ``addJob`` / ``addJobs`` through
   WorkerUtils; workers are ``run()`` processes with 16 concurrent jobs, its batching on
   (a local queue of 64 jobs, completions batched, ``completeJobBatchDelay`` 0);
-* conveyor-pg-N: N brokers (``conveyor serve --db <dsn>``, run as ``python -m broker serve``
+* conveyor-pg-N: N brokers (``conveyor serve --db <dsn>``, run as ``python -m conveyor serve``
   from this checkout, on a free port each) on the one database; the SDK's
   ``Client`` publishes and the SDK's ``Worker`` (prefetch 64) works, worker i connected to
   broker i mod N; conveyor-memory is one broker with the memory store (a reference: it
@@ -378,7 +378,7 @@ class System:
             return f"procrastinate {version}, psycopg {importlib.metadata.version('psycopg')}"
         if self.kind == "graphile":
             return node_check()
-        import broker
+        from conveyor import broker
 
         if self.store == "postgres" and not conveyor_has_postgres():
             raise Skip("this `conveyor serve` has no PostgreSQL store (--db postgresql://...)")
@@ -492,7 +492,7 @@ def node_check() -> str:
 
 def conveyor_has_postgres() -> bool:
     """Whether this Conveyor's ``serve`` takes a PostgreSQL URL."""
-    out = subprocess.run([sys.executable, "-m", "broker", "serve", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     return "postgres" in out.stdout.lower()
 
@@ -502,7 +502,7 @@ def start_broker(dsn: str | None, logs: Path, index: int) -> tuple[subprocess.Po
     store = ["--db", dsn] if dsn else ["--store", "memory"]
     log = logs / f"broker-{index}.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--host", HOST, "--port", "0", *store,
+        [sys.executable, "-m", "conveyor", "serve", "--host", HOST, "--port", "0", *store,
          "--log-level", "warning",
          "--max-connections-per-address", "50000", "--max-connections", "50000"],
         cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
@@ -752,7 +752,7 @@ class ConveyorClient:
         self.spec = spec
 
     async def open_publisher(self) -> None:
-        from sdk import Client
+        from conveyor.sdk import Client
 
         self.client = Client(self.spec["url"])
         await self.client.__aenter__()
@@ -768,7 +768,7 @@ class ConveyorClient:
         await self.client.aclose()
 
     async def open_worker(self, tally: Tally) -> None:
-        from sdk import Job, Worker
+        from conveyor.sdk import Job, Worker
 
         self.worker = Worker(self.spec["url"], queues=[QUEUE],
                              worker_id=f"bench-{os.getpid()}", prefetch=PREFETCH)  # fmt: skip
@@ -924,7 +924,7 @@ def run_child(raw: str) -> None:
 
     logging.basicConfig(level=logging.WARNING)
     spec = orjson.loads(raw)
-    from sdk._loop import loop_factory
+    from conveyor.sdk._loop import loop_factory
 
     try:
         with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:

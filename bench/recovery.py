@@ -37,7 +37,7 @@ import time
 import uuid
 from pathlib import Path
 
-from broker.store import SqliteStore
+from conveyor.broker.store import SqliteStore
 
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = {"to": "someone@example.com", "subject": "hello", "body": "x" * 45}  # ~100 bytes
@@ -139,7 +139,7 @@ def time_serve(path: Path) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     started = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker", "serve", "--port", "0", "--store", "sqlite",
+        [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--store", "sqlite",
          "--db", str(path), "--log-level", "warning"],
         cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, text=True,

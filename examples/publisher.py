@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from sdk import Client
+from conveyor.sdk import Client
 
 URL = os.environ.get("CONVEYOR_URL", "ws://127.0.0.1:8765")
 

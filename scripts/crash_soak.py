@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from sdk import Client, ConveyorError, Job, Worker
+from conveyor.sdk import Client, ConveyorError, Job, Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "crash"
@@ -169,7 +169,7 @@ class BrokerProcess:
         self.log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
         self.log.flush()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "broker", "serve", "--host", "127.0.0.1",
+            sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1",
             "--port", str(self.port), "--store", "sqlite", "--db", str(self.db),
             "--sync", self.sync,
             "--disconnect-grace", str(self.grace_s), "--log-level", "warning",

@@ -50,8 +50,8 @@ from crash_soak import BrokerProcess, free_port, working
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from sdk import Client, ConveyorError, Job, Worker
-from sdk._wire import OPS
+from conveyor.sdk import Client, ConveyorError, Job, Worker
+from conveyor.sdk._wire import OPS
 
 QUEUE = "normal"
 BIG_QUEUE = "big"

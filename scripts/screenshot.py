@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from broker.config import Config  # noqa: E402
-from broker.server import Broker, running_broker  # noqa: E402
-from sdk import Client, Fail, Job, Retry, Worker  # noqa: E402
+from conveyor.broker.config import Config  # noqa: E402
+from conveyor.broker.server import Broker, running_broker  # noqa: E402
+from conveyor.sdk import Client, Fail, Job, Retry, Worker  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

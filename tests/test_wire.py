@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sdk import _wire as wire
-from sdk._wire import (
+from conveyor.sdk import _wire as wire
+from conveyor.sdk._wire import (
     OPS,
     ErrorCode,
     Field,

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from broker.backend import Backend, Claim, Claimed, Enqueue, LocalBackend
-from broker.backend.postgres import PostgresBackend
-from broker.egress import Out, Wait, wait_for
-from broker.engine import Job
-from broker.scheduler import SteppedScheduler
-from broker.store import MemoryStore, SqliteStore, Store
+from conveyor.broker.backend import Backend, Claim, Claimed, Enqueue, LocalBackend
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.egress import Out, Wait, wait_for
+from conveyor.broker.engine import Job
+from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.broker.store import MemoryStore, SqliteStore, Store
 from tests.store_files import copy_store
 
 from .pg import database

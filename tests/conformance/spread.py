@@ -17,10 +17,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from broker.backend import Listener
-from broker.backend.postgres import PostgresBackend
-from broker.egress import IMMEDIATE
-from broker.scheduler import SteppedScheduler
+from conveyor.broker.backend import Listener
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.egress import IMMEDIATE
+from conveyor.broker.scheduler import SteppedScheduler
 
 SPREAD = 3
 

@@ -3,8 +3,8 @@ interface (docs/contract.md OPS, DLQ, CST-4)."""
 
 from __future__ import annotations
 
-from broker.backend import Report
-from broker.engine import JobState, QueueOpts
+from conveyor.broker.backend import Report
+from conveyor.broker.engine import JobState, QueueOpts
 
 from .conftest import Rig
 

@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.backend import Backend, Claim, Enqueue, Report
-from broker.engine import InvalidArgument, Job
-from broker.scheduler import SteppedScheduler
+from conveyor.broker.backend import Backend, Claim, Enqueue, Report
+from conveyor.broker.engine import InvalidArgument, Job
+from conveyor.broker.scheduler import SteppedScheduler
 
 from .conftest import DURABLE_KINDS, KINDS, START, make_backend, open_kept
 from .pg import database_sync, empty

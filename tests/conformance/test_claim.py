@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.backend import Claim
-from broker.engine import JobState, QueueOpts
+from conveyor.broker.backend import Claim
+from conveyor.broker.engine import JobState, QueueOpts
 
 from .conftest import START, Rig
 

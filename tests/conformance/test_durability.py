@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.backend import Claim, Enqueue, LocalBackend, Report
-from broker.egress import Out
-from broker.engine import Changes, JobState
-from broker.scheduler import SteppedScheduler
-from broker.store import SqliteStore, StoreError
+from conveyor.broker.backend import Claim, Enqueue, LocalBackend, Report
+from conveyor.broker.egress import Out
+from conveyor.broker.engine import Changes, JobState
+from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.broker.store import SqliteStore, StoreError
 
 from .conftest import START, Heard, Rig
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker.backend import Enqueue, Report
-from broker.engine import InvalidArgument, JobState, NewJob, QueueOpts
+from conveyor.broker.backend import Enqueue, Report
+from conveyor.broker.engine import InvalidArgument, JobState, NewJob, QueueOpts
 
 from .conftest import START, Rig
 

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from broker.backend import Ready, ready, then
+from conveyor.broker.backend import Ready, ready, then
 
 
 async def test_a_ready_result_is_done_readable_and_awaitable_without_a_loop_turn() -> None:

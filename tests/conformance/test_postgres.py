@@ -12,12 +12,12 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from broker.backend import Claim, Enqueue
-from broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
-from broker.backend.postgres import PostgresBackend, Unavailable
-from broker.engine import JobState, NewJob
-from broker.scheduler import SteppedScheduler
-from broker.store import StoreError
+from conveyor.broker.backend import Claim, Enqueue
+from conveyor.broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
+from conveyor.broker.backend.postgres import PostgresBackend, Unavailable
+from conveyor.broker.engine import JobState, NewJob
+from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.broker.store import StoreError
 
 from .conftest import START, Heard
 from .pg import database

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.backend import Report
-from broker.engine import InvalidArgument, JobState
+from conveyor.broker.backend import Report
+from conveyor.broker.engine import InvalidArgument, JobState
 
 from .conftest import START, Rig
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from broker.backend import Enqueue, LocalBackend, ready
-from broker.dispatch import Dispatcher, Subscription
-from broker.egress import Out
-from broker.scheduler import ManualScheduler
-from broker.store import MemoryStore
+from conveyor.broker.backend import Enqueue, LocalBackend, ready
+from conveyor.broker.dispatch import Dispatcher, Subscription
+from conveyor.broker.egress import Out
+from conveyor.broker.scheduler import ManualScheduler
+from conveyor.broker.store import MemoryStore
 
 START = 1_000_000.0
 EPS = 1e-3

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from broker.scheduler import LoopScheduler, ManualScheduler, SteppedScheduler
+from conveyor.broker.scheduler import LoopScheduler, ManualScheduler, SteppedScheduler
 
 
 def test_manual_runs_nothing_until_told_then_soon_callbacks_in_call_order() -> None:

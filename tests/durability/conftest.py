@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.store import SqliteStore
-from broker.store._wal_sync import WalSyncer
+from conveyor.broker.store import SqliteStore
+from conveyor.broker.store._wal_sync import WalSyncer
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from broker.engine import Changes, JobTable, QueueOpts
-from broker.store import SqliteStore, StoreError, _claim_log
-from broker.store import sqlite as sqlite_store
-from broker.store._claim_log import ClaimLog, LoggedClaims
+from conveyor.broker.engine import Changes, JobTable, QueueOpts
+from conveyor.broker.store import SqliteStore, StoreError, _claim_log
+from conveyor.broker.store import sqlite as sqlite_store
+from conveyor.broker.store._claim_log import ClaimLog, LoggedClaims
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ async def test_a_commit_of_claims_only_calls_back_before_it_is_written(
 _KILLED_BETWEEN_LOG_AND_COMMIT = textwrap.dedent(
     """
     import asyncio, os, random, signal, sys
-    from broker.store import SqliteStore
+    from conveyor.broker.store import SqliteStore
 
     async def main():
         store = SqliteStore(sys.argv[1], sync=sys.argv[2])

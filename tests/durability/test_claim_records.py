@@ -28,9 +28,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from broker.engine import JobTable, QueueOpts
-from broker.store import SqliteStore, StoreError
-from broker.store import sqlite as sqlite_store
+from conveyor.broker.engine import JobTable, QueueOpts
+from conveyor.broker.store import SqliteStore, StoreError
+from conveyor.broker.store import sqlite as sqlite_store
 
 START = 1000.0
 OPTS = {

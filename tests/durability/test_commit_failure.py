@@ -16,10 +16,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from broker.config import Config
-from broker.engine import Changes
-from broker.server import running_broker
-from broker.store import SqliteStore, StoreError
+from conveyor.broker.config import Config
+from conveyor.broker.engine import Changes
+from conveyor.broker.server import running_broker
+from conveyor.broker.store import SqliteStore, StoreError
 
 from ..server.conftest import record_writes
 from .test_store_errors import START, serving

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from broker.commit import CommitGate
-from broker.engine import Changes, JobTable
-from broker.store import StoreError
+from conveyor.broker.commit import CommitGate
+from conveyor.broker.engine import Changes, JobTable
+from conveyor.broker.store import StoreError
 
 WAIT = 5.0
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.group_commit import (
+from conveyor.broker.group_commit import (
     COMMIT,
     SCHEDULE,
     SLOW_COMMIT,

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import build_parser
-from broker.config import ConfigError, config_from_args
-from broker.store import SqliteStore, StoreError
-from broker.store._marker import CommitMarker, boot_id
-from sdk import Client
+from conveyor.broker.cli import build_parser
+from conveyor.broker.config import ConfigError, config_from_args
+from conveyor.broker.store import SqliteStore, StoreError
+from conveyor.broker.store._marker import CommitMarker, boot_id
+from conveyor.sdk import Client
 
 from .test_store_errors import WAIT, refused, serving
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from broker.config import Config
-from broker.server import running_broker
+from conveyor.broker.config import Config
+from conveyor.broker.server import running_broker
 
 from ..server.conftest import RawClient
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.engine import Changes, JobTable
-from broker.store import SqliteStore, StoreError
-from broker.store import sqlite as sqlite_store
+from conveyor.broker.engine import Changes, JobTable
+from conveyor.broker.store import SqliteStore, StoreError
+from conveyor.broker.store import sqlite as sqlite_store
 
 WAIT = 5.0
 

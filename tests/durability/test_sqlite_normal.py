@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import SqliteStore
-from broker.store import sqlite as sqlite_store
+from conveyor.broker.store import SqliteStore
+from conveyor.broker.store import sqlite as sqlite_store
 
 
 async def test_normal_commits_inline_checkpoints_beside_them_and_keeps_the_wal_bounded(

@@ -8,7 +8,7 @@
   after the restart and its ack lands; a lease nobody re-attaches lapses after the
   disconnect grace, and the job goes to the next worker.
 
-Brokers run as real processes (``python -m broker serve``) on 127.0.0.1; every wait is
+Brokers run as real processes (``python -m conveyor serve``) on 127.0.0.1; every wait is
 bounded, and every process is stopped in a ``finally``.
 """
 
@@ -30,8 +30,8 @@ from pathlib import Path
 import pytest
 from websockets.asyncio.client import connect
 
-from broker.store import SqliteStore
-from sdk import Client
+from conveyor.broker.store import SqliteStore
+from conveyor.sdk import Client
 
 from ..server.conftest import RawClient
 
@@ -59,7 +59,7 @@ async def start(
     before the broker does (to set its limits)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "broker", "serve", "--host", "127.0.0.1", "--port", str(port),
+        sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--store", "sqlite", "--db", str(db), "--disconnect-grace", str(grace_s),
         "--log-level", "warning", *flags,
         cwd=ROOT, env=env, stdin=asyncio.subprocess.DEVNULL,

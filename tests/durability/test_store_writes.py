@@ -14,8 +14,8 @@ from pathlib import Path
 import hypothesis.strategies as st
 from hypothesis import given
 
-from broker.store import SqliteStore
-from broker.store.sqlite import _runs
+from conveyor.broker.store import SqliteStore
+from conveyor.broker.store.sqlite import _runs
 
 
 @given(

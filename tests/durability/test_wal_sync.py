@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import StoreError, _fsyncd
-from broker.store._wal_sync import WalSyncer
+from conveyor.broker.store import StoreError, _fsyncd
+from conveyor.broker.store._wal_sync import WalSyncer
 
 WAIT = 5.0
 
@@ -186,7 +186,7 @@ def test_a_broker_killed_with_sigkill_leaves_no_helper_behind(tmp_path: Path) ->
     script = textwrap.dedent(
         f"""
         import asyncio, os, sys
-        from broker.store._wal_sync import WalSyncer
+        from conveyor.broker.store._wal_sync import WalSyncer
 
         async def main():
             fd = os.open({str(tmp_path / "x.db-wal")!r}, os.O_RDWR | os.O_CREAT)

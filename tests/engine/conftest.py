@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.engine import JobTable
-from broker.store import SqliteStore
+from conveyor.broker.engine import JobTable
+from conveyor.broker.store import SqliteStore
 from tests.store_files import copy_store
 
 START = 1000.0

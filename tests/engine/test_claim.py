@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from broker.engine import InvalidArgument, JobState, JobTable, QueueOpts
+from conveyor.broker.engine import InvalidArgument, JobState, JobTable, QueueOpts
 
 if TYPE_CHECKING:
     from conftest import ManualClock

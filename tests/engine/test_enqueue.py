@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.engine import InvalidArgument, JobState, JobTable, NewJob, QueueOpts, RawJSON
+from conveyor.broker.engine import InvalidArgument, JobState, JobTable, NewJob, QueueOpts, RawJSON
 
 if TYPE_CHECKING:
     from conftest import ManualClock

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.engine import (
+from conveyor.broker.engine import (
     CLAIM_FIELDS,
     ROW_FIELDS,
     UPDATE_FIELDS,

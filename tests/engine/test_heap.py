@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.engine._heap import Heap, Line
+from conveyor.broker.engine._heap import Heap, Line
 
 
 class Row:

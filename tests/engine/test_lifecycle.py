@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from broker.engine import JobHandle, JobState, JobTable, QueueOpts, SweepResult
+from conveyor.broker.engine import JobHandle, JobState, JobTable, QueueOpts, SweepResult
 
 if TYPE_CHECKING:
     from conftest import ManualClock

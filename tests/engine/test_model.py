@@ -27,7 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from broker.engine import InvalidArgument, JobTable, NewJob, QueueOpts
+from conveyor.broker.engine import InvalidArgument, JobTable, NewJob, QueueOpts
 
 # A passing run takes a few seconds; shrinking a failure to a short sequence can take
 # minutes, and the project's 60 s default would cut it off before it prints the example.

@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.engine import JobHandle, JobTable, QueueOpts
+from conveyor.broker.engine import JobHandle, JobTable, QueueOpts
 
 NAMES = [f"q{i}" for i in range(6)]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import broker.engine
+from conveyor import broker
 
 ENGINE_DIR = Path(broker.engine.__file__).parent
 BANNED = {"websockets", "anyio", "orjson", "asyncio", "time", "socket", "threading", "sqlite3"}
@@ -78,5 +78,5 @@ def test_all_matches_the_exports() -> None:
     }
     assert public - {"annotations"} == set(exported)
     star: dict[str, object] = {}
-    exec("from broker.engine import *", star)
+    exec("from conveyor.broker.engine import *", star)
     assert set(star) - {"__builtins__"} == set(exported)

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from broker.backend import Claim
-from broker.config import Config
-from broker.server import Broker, running_broker
-from sdk import Client, Job, Worker, enqueue_tx_async
+from conveyor.broker.backend import Claim
+from conveyor.broker.config import Config
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Client, Job, Worker, enqueue_tx_async
 
 from ..conformance.pg import database
 from ..sdk.conftest import ROOT, Probe, conveyor

@@ -9,9 +9,14 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from broker.backend._pg_clock import SLEW, DatabaseClock, DatabaseScheduler, database_scheduler
-from broker.backend.postgres import Unavailable
-from broker.scheduler import LoopScheduler, ManualScheduler
+from conveyor.broker.backend._pg_clock import (
+    SLEW,
+    DatabaseClock,
+    DatabaseScheduler,
+    database_scheduler,
+)
+from conveyor.broker.backend.postgres import Unavailable
+from conveyor.broker.scheduler import LoopScheduler, ManualScheduler
 from tests.conformance.pg import database
 
 

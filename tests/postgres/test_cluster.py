@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 
-from sdk import Client, Job, Worker
+from conveyor.sdk import Client, Job, Worker
 
 from ..conformance.pg import database
 from ..sdk.conftest import ROOT, Lines, conveyor, free_port

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from broker.config import Config
-from broker.server import running_broker
-from sdk import Client, Job, Unavailable, Worker
+from conveyor.broker.config import Config
+from conveyor.broker.server import running_broker
+from conveyor.sdk import Client, Job, Unavailable, Worker
 
 from ._server import PrivateServer, private_server
 from .test_brokers import working

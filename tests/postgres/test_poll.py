@@ -13,9 +13,9 @@ import random
 
 import psycopg
 
-from broker.backend import Claim
-from broker.backend.postgres import PostgresBackend
-from broker.scheduler import SteppedScheduler
+from conveyor.broker.backend import Claim
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.scheduler import SteppedScheduler
 from tests.conformance.conftest import START, Heard
 
 from ..conformance.pg import until as _until

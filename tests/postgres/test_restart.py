@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from broker.backend import Claim, Enqueue
-from broker.backend.postgres import PostgresBackend, Unavailable
-from broker.engine import JobState
-from broker.scheduler import SteppedScheduler
-from broker.store import StoreError
+from conveyor.broker.backend import Claim, Enqueue
+from conveyor.broker.backend.postgres import PostgresBackend, Unavailable
+from conveyor.broker.engine import JobState
+from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.broker.store import StoreError
 from tests.conformance.conftest import START, Heard
 
 from ..conformance.pg import until as _until

@@ -31,14 +31,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
 
-import sdk
-from broker.backend import Claim, Enqueue, Report
-from broker.backend._pg_schema import SCHEMA_VERSION, migrate
-from broker.backend.postgres import PostgresBackend
-from broker.engine import InvalidArgument as EngineInvalidArgument
-from broker.engine import Job, QueueOpts
-from broker.scheduler import SteppedScheduler
-from sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
+from conveyor import sdk
+from conveyor.broker.backend import Claim, Enqueue, Report
+from conveyor.broker.backend._pg_schema import SCHEMA_VERSION, migrate
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.engine import InvalidArgument as EngineInvalidArgument
+from conveyor.broker.engine import Job, QueueOpts
+from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
 from tests.conformance.conftest import Heard
 from tests.conformance.pg import database, database_sync
 
@@ -714,7 +714,7 @@ async def test_the_function_resolves_options_as_the_backend_does(
 
 def test_importing_the_sdk_loads_neither_driver() -> None:
     code = (
-        "import sys, sdk; "
+        "import sys, conveyor; "
         "assert 'asyncpg' not in sys.modules and 'psycopg' not in sys.modules, "
         "sorted(m for m in sys.modules if m.startswith(('asyncpg', 'psycopg')))"
     )

@@ -23,11 +23,11 @@ from typing import IO, Any
 
 import pytest
 
-from broker import ops
-from broker.config import Config
-from broker.server import Broker, running_broker
-from sdk import Client, Worker
-from sdk._wire import Op
+from conveyor.broker import ops
+from conveyor.broker.config import Config
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Client, Worker
+from conveyor.sdk._wire import Op
 
 WAIT = 5.0  # seconds any single expected event may take before the test fails
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -374,8 +374,8 @@ class Lines:
 
 
 def conveyor(*args: str) -> list[str]:
-    """The command line of ``conveyor ARGS`` (as ``python -m broker``)."""
-    return [sys.executable, "-m", "broker", *args]
+    """The command line of ``conveyor ARGS`` (as ``python -m conveyor``)."""
+    return [sys.executable, "-m", "conveyor", *args]
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The client commands of ``conveyor`` (``python -m broker``) against a broker subprocess."""
+"""The client commands of ``conveyor`` (``python -m conveyor``) against a broker subprocess."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_a_refused_request_exits_1_naming_the_error(broker_process: str) -> None
 
 
 WORKER_MODULE = """
-    from sdk import Job, Worker
+    from conveyor.sdk import Job, Worker
 
     worker = Worker({url!r}, queues=[{queue!r}], prefetch=1)
 
@@ -148,7 +148,7 @@ def test_worker_with_a_bad_target_says_so(tmp_path: Path) -> None:
 LOOP_WORKER_MODULE = """
     import asyncio
 
-    from sdk import Job, Worker
+    from conveyor.sdk import Job, Worker
 
     worker = Worker({url!r}, queues=[{queue!r}, {queue!r} + "-sync"], prefetch=1)
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from broker.server import Broker
-from sdk import (
+from conveyor.broker.server import Broker
+from conveyor.sdk import (
     Client,
     ConnectionFailed,
     ConveyorError,
@@ -25,7 +25,7 @@ from sdk import (
     Unauthorized,
     Worker,
 )
-from sdk._wire import Role
+from conveyor.sdk._wire import Role
 
 from .conftest import WAIT, Probe, free_port, running, with_config
 
@@ -470,7 +470,7 @@ async def test_shared_frames_stay_small_and_a_large_payload_goes_alone(
 
 
 def test_made_keys_are_unique_and_not_shared_with_a_forked_child() -> None:
-    from sdk._client import _AutoKeys
+    from conveyor.sdk._client import _AutoKeys
 
     keys = _AutoKeys()
     made = {keys() for _ in range(1000)}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from broker.server import Broker, running_broker
-from sdk import Client, ConnectionFailed, InvalidArgument, Job, SyncClient, Worker
-from sdk._session import Session
-from sdk._urls import connection_order, parse_urls
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Client, ConnectionFailed, InvalidArgument, Job, SyncClient, Worker
+from conveyor.sdk._session import Session
+from conveyor.sdk._urls import connection_order, parse_urls
 
 from .conftest import BASE_CONFIG, ROOT, WAIT, Lines, Probe, Proxy, conveyor, free_port, running
 from .conftest import stop as stop_process
@@ -350,7 +350,7 @@ def test_the_cli_names_every_url_it_could_not_reach() -> None:
 
 
 WORKER_MODULE = """
-    from sdk import Job, Worker
+    from conveyor.sdk import Job, Worker
 
     worker = Worker({url!r}, queues=[{queue!r}], prefetch=1)
 

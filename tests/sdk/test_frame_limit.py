@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from broker import ops
-from broker.server import Broker
-from sdk import Client, TooLarge
-from sdk._wire import DEFAULT_MAX_FRAME_BYTES, Op
+from conveyor.broker import ops
+from conveyor.broker.server import Broker
+from conveyor.sdk import Client, TooLarge
+from conveyor.sdk._wire import DEFAULT_MAX_FRAME_BYTES, Op
 
 from .conftest import WAIT, Probe, with_config
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from broker.server import Broker, running_broker
-from sdk import Client, ConnectionFailed, Job, Worker
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Client, ConnectionFailed, Job, Worker
 
 from .conftest import BASE_CONFIG, WAIT, Probe, Proxy, running, with_config
 
@@ -127,8 +127,8 @@ async def test_client_and_worker_reconnect_after_a_broker_restart(
 
 
 async def test_enqueues_waiting_out_an_outage_fail_at_once_when_the_new_broker_refuses() -> None:
-    from sdk import Unauthorized
-    from sdk._wire import Role
+    from conveyor.sdk import Unauthorized
+    from conveyor.sdk._wire import Role
 
     async with running_broker(replace(BASE_CONFIG, tokens={"old": frozenset(Role)})) as first:
         port = int(first.url.rsplit(":", 1)[1].split("/", 1)[0])

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from broker.server import Broker
-from sdk import Client, Job, Worker
+from conveyor.broker.server import Broker
+from conveyor.sdk import Client, Job, Worker
 
 from .conftest import WAIT, Probe, Proxy, running, with_config
 

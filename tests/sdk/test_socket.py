@@ -22,8 +22,8 @@ import orjson
 import pytest
 from websockets.exceptions import InvalidStatus
 
-from sdk._session import Session
-from sdk._transport import connect
+from conveyor.sdk._session import Session
+from conveyor.sdk._transport import connect
 
 from .conftest import WAIT, _read_ws_frame
 

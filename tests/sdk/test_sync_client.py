@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from sdk import ConnectionFailed, InvalidArgument, JobInfo, NotFound, SyncClient
+from conveyor.sdk import ConnectionFailed, InvalidArgument, JobInfo, NotFound, SyncClient
 
 from .conftest import WAIT, free_port
 

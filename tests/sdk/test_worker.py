@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from websockets.protocol import State
 
-from broker.engine import QueueOpts
-from broker.server import Broker
-from sdk import Client, Fail, Forbidden, InvalidArgument, Job, Retry, Unauthorized, Worker
-from sdk._wire import Role
+from conveyor.broker.engine import QueueOpts
+from conveyor.broker.server import Broker
+from conveyor.sdk import Client, Fail, Forbidden, InvalidArgument, Job, Retry, Unauthorized, Worker
+from conveyor.sdk._wire import Role
 
 from .conftest import WAIT, Probe, running, with_config
 

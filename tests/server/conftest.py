@@ -21,10 +21,10 @@ import orjson
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from broker import connection
-from broker.config import Config
-from broker.scheduler import Scheduler
-from broker.server import Broker, running_broker
+from conveyor.broker import connection
+from conveyor.broker.config import Config
+from conveyor.broker.scheduler import Scheduler
+from conveyor.broker.server import Broker, running_broker
 
 WAIT = 5.0  # seconds any single expected frame may take before the test fails
 

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from broker.connection import Connection, Socket
-from broker.ops import HANDLERS
-from broker.server import Broker
-from sdk._wire import OPS, ErrorCode, Field, Kind, Op
+from conveyor.broker.connection import Connection, Socket
+from conveyor.broker.ops import HANDLERS
+from conveyor.broker.server import Broker
+from conveyor.sdk._wire import OPS, ErrorCode, Field, Kind, Op
 
 from .conftest import (
     WAIT,

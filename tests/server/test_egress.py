@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.egress import IMMEDIATE, Out, Wait, wait_for
+from conveyor.broker.egress import IMMEDIATE, Out, Wait, wait_for
 
 
 @pytest.mark.parametrize(

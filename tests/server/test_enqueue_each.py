@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker.engine import Queue
+from conveyor.broker.engine import Queue
 
 from .conftest import BOTH_STORES, ClientFactory, with_config
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from broker import __version__
-from broker.connection import Connection
-from broker.server import Broker
-from sdk._wire import Role
+from conveyor.broker import __version__
+from conveyor.broker.connection import Connection
+from conveyor.broker.server import Broker
+from conveyor.sdk._wire import Role
 
 from .conftest import ClientFactory, RawClient, stalled_socket, with_config
 

@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from broker.server import Broker
-from sdk._wire import INT_MAX, INT_MIN, MAX_RID_CHARS, OPS, Field, Kind, Rid
+from conveyor.broker.server import Broker
+from conveyor.sdk._wire import INT_MAX, INT_MIN, MAX_RID_CHARS, OPS, Field, Kind, Rid
 
 from .conftest import BOTH_STORES, RawClient, with_config
 from .test_bad_input import CODES, JSON_VALUES, field_values

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from broker.connection import Connection
-from broker.scheduler import SteppedScheduler
+from conveyor.broker.connection import Connection
+from conveyor.broker.scheduler import SteppedScheduler
 
 from .conftest import BOTH_STORES, ClientFactory, RawClient, with_config
 

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from broker.engine import JobTable, QueueOpts, QueueStats
-from broker.metrics import Metrics, escape_label_value, render_table
+from conveyor.broker.engine import JobTable, QueueOpts, QueueStats
+from conveyor.broker.metrics import Metrics, escape_label_value, render_table
 
 TOTALS = ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
 

@@ -1,6 +1,6 @@
 """``conveyor serve`` as a real process: its one line, /healthz, signals, settings.
 
-The broker runs as ``python -m broker serve`` in a subprocess; the tests wait on its
+The broker runs as ``python -m conveyor serve`` in a subprocess; the tests wait on its
 output and on frames, each wait bounded.
 """
 
@@ -48,7 +48,7 @@ async def start(*args: str, env: dict[str, str] | None = None) -> asyncio.subpro
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "broker",
+        "conveyor",
         "serve",
         *args,
         cwd=ROOT,

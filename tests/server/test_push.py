@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.scheduler import SteppedScheduler
+from conveyor.broker.scheduler import SteppedScheduler
 
 from .conftest import BOTH_STORES, ClientFactory, RawClient
 

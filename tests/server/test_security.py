@@ -16,9 +16,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Origin
 
-from broker.admission import host_allowed
-from broker.server import Broker
-from sdk._wire import OPS, Role
+from conveyor.broker.admission import host_allowed
+from conveyor.broker.server import Broker
+from conveyor.sdk._wire import OPS, Role
 
 from .conftest import ClientFactory, RawClient, http_get, with_config
 

@@ -30,9 +30,9 @@ from websockets.asyncio.client import connect
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from broker.config import Config
-from broker.server import running_broker
-from broker.transport import Server, Socket
+from conveyor.broker.config import Config
+from conveyor.broker.server import running_broker
+from conveyor.broker.transport import Server, Socket
 
 from .conftest import WAIT
 from .test_bad_input import masked_frame as masked

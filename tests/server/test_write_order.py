@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from broker import connection
-from broker.server import Broker
-from broker.store import SqliteStore
-from broker.store import sqlite as sqlite_store
+from conveyor.broker import connection
+from conveyor.broker.server import Broker
+from conveyor.broker.store import SqliteStore
+from conveyor.broker.store import sqlite as sqlite_store
 
 from .conftest import ClientFactory, RawClient, record_writes, with_config
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import pytest_asyncio
 
-from broker.config import Config
-from broker.server import Broker, running_broker
-from sdk import Worker
+from conveyor.broker.config import Config
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Worker
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, ConsoleMessage, Dialog, Page

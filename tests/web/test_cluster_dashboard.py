@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from broker.server import running_broker
-from sdk import Client, Job, Worker
+from conveyor.broker.server import running_broker
+from conveyor.sdk import Client, Job, Worker
 
 from ..conformance.pg import database
 from ..postgres.test_brokers import _url

@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from broker.server import Broker, running_broker
-from sdk import Client, Fail, Job, Worker
-from sdk._wire import Role
+from conveyor.broker.server import Broker, running_broker
+from conveyor.sdk import Client, Fail, Job, Worker
+from conveyor.sdk._wire import Role
 
 from .conftest import (
     BASE,

@@ -2,7 +2,7 @@
 
 ::
 
-    from sdk import Client, SyncClient, Worker, Job, JobInfo, Retry, Fail, ConveyorError
+    from conveyor.sdk import Client, SyncClient, Worker, Job, JobInfo, Retry, Fail, ConveyorError
 
     async with Client("ws://127.0.0.1:8765") as client:
         job_id = await client.enqueue("emails", {"to": "a@b.c"})
@@ -17,7 +17,7 @@
     # In your own PostgreSQL transaction, when the broker keeps its table there:
     job_id = enqueue_tx(conn, "emails", {"to": "a@b.c"})  # (or await enqueue_tx_async)
 
-The SDK depends on websockets, orjson and anyio only, and never imports ``broker``
+The SDK depends on websockets, orjson and anyio only, and never imports ``conveyor.broker``
 (``enqueue_tx`` takes a connection of psycopg 3 or asyncpg, and imports neither).
 Errors are ``ConveyorError`` subclasses, one per protocol error code (``sdk._errors``).
 """

@@ -16,8 +16,7 @@ from typing import Protocol
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from sdk._wire import HEALTHZ_PATH, METRICS_PATH, WS_PATH, Role, encode
-
+from ..sdk._wire import HEALTHZ_PATH, METRICS_PATH, WS_PATH, Role, encode
 from . import __version__
 from .admission import host_allowed
 from .auth import bearer

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from websockets.datastructures import Headers
 
-from sdk._wire import ErrorCode, WireError
+from ..sdk._wire import ErrorCode, WireError
 
 __all__ = ["TokenSlots", "bearer"]
 

@@ -44,8 +44,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from sdk._wire import cancelled_push, jobs_push, pushed_job
-
+from ..sdk._wire import cancelled_push, jobs_push, pushed_job
 from .backend import Backend, Claim, Claimed, Pending, Ready, then
 from .egress import Out
 from .engine import SweepResult

@@ -21,8 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
-
+from ..sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 from .backend import Backend
 from .engine import QueueStats
 from .store import StoreError

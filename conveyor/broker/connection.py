@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import anyio
 from websockets.exceptions import ConnectionClosed
 
-from sdk._wire import (
+from ..sdk._wire import (
     CLOSE_POLICY_VIOLATION,
     CLOSE_TRY_AGAIN_LATER,
     ErrorCode,
@@ -36,7 +36,6 @@ from sdk._wire import (
     parse_envelope,
     validate_fields,
 )
-
 from .auth import TokenSlots, bearer
 from .backend import Pending
 from .config import Config

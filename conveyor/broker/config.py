@@ -20,9 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sdk._loop import LOOP_HELP, LOOPS, loop_problem
-from sdk._wire import DEFAULT_MAX_FRAME_BYTES, Role
-
+from ..sdk._loop import LOOP_HELP, LOOPS, loop_problem
+from ..sdk._wire import DEFAULT_MAX_FRAME_BYTES, Role
 from .engine import InvalidArgument, JobTable, QueueOpts
 
 __all__ = ["Config", "ConfigError", "add_serve_arguments", "config_from_args", "load_queue_opts"]

@@ -4,7 +4,7 @@ When the broker keeps its job table in PostgreSQL, an application writing to tha
 database can store a job in the same transaction as its own rows: the job exists if and
 only if the transaction commits, and the brokers push it to a worker once it has::
 
-    from sdk import enqueue_tx
+    from conveyor.sdk import enqueue_tx
 
     with psycopg.connect(dsn) as conn, conn.transaction():
         conn.execute("INSERT INTO orders (id) VALUES (%s)", (order_id,))

@@ -1,4 +1,4 @@
-"""The ``conveyor`` command (and ``python -m broker``).
+"""The ``conveyor`` command (and ``python -m conveyor``).
 
 ``conveyor serve`` runs the broker; its flags are in ``broker.config``. Its exit status:
 
@@ -22,9 +22,8 @@ import sys
 import urllib.parse
 from collections.abc import Sequence
 
-from sdk._cli import add_client_commands
-from sdk._loop import UVLOOP_MISSING, loop_factory
-
+from ..sdk._cli import add_client_commands
+from ..sdk._loop import UVLOOP_MISSING, loop_factory
 from . import __version__
 from .admission import is_loopback
 from .config import ConfigError, add_serve_arguments, config_from_args

@@ -23,9 +23,9 @@ _TYPES = {
 
 
 class StaticFiles:
-    """Path -> (bytes, content type) for every file of the ``web`` package."""
+    """Path -> (bytes, content type) for every file of the ``conveyor.web`` package."""
 
-    def __init__(self, package: str = "web") -> None:
+    def __init__(self, package: str = "conveyor.web") -> None:
         self._files: dict[str, tuple[bytes, str]] = {}
         try:
             root = resources.files(package)

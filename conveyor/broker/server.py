@@ -20,8 +20,7 @@ from typing import Any
 
 from websockets.http11 import Request, Response
 
-from sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
-
+from ..sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 from . import __version__
 from .auth import TokenSlots
 from .backend import Backend, LocalBackend, database_scheduler, open_backend, ready

@@ -1,3 +1,5 @@
 """Conveyor's broker: the job table engine, its storage, and the WebSocket server."""
 
-__version__ = "0.1.0"
+from .. import __version__
+
+__all__ = ["__version__"]

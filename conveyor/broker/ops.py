@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from sdk._wire import (
+from ..sdk._wire import (
     OPS,
     PROTOCOL_VERSION,
     SERVER_NAME,
@@ -26,7 +26,6 @@ from sdk._wire import (
     encode_payload,
     job_info,
 )
-
 from . import __version__
 from .backend import Backend, Enqueue, Pending, Report, then
 from .config import Config
