@@ -413,7 +413,7 @@ function queueRow(name) {
     type: "button",
     class: "link",
     "data-testid": `open-queue-${name}`,
-    title: "Open this queue",
+    title: `Open ${name}`,
     text: name,
     onclick: () => openQueue(name),
   });
