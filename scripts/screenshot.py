@@ -1,13 +1,16 @@
-"""Take docs/dashboard.png: the dashboard of a broker with some realistic traffic.
+"""Take docs/dashboard.png and docs/dashboard-phone.png: the dashboard of a broker with
+some realistic traffic, 1400 px wide and 420 px wide (a phone).
 
     .venv/bin/python scripts/screenshot.py [--seconds 50] [--out docs/dashboard.png]
+        [--phone-out docs/dashboard-phone.png]
 
 Starts an in-memory broker in this process, runs a few publishers and workers through
-the SDK (steady mail, bursty thumbnails with some retries, billing with dead letters, a
-paused reports queue with a backlog), lets the charts fill for ``--seconds``, then opens
-the page in Debian's Chromium (see ../shared/browser-testing.md) and saves a full-page
-screenshot. Needs /usr/bin/chromium and the playwright package (never
-``playwright install``).
+the SDK (steady mail, bursty thumbnails with some retries, billing with dead letters,
+slow transcodes, a paused reports queue with a backlog), lets the charts fill for
+``--seconds``, then opens the page in Debian's Chromium (see
+../shared/browser-testing.md), opens a queue, a worker and a dead job, and saves a
+full-page screenshot at each width. Needs /usr/bin/chromium and the playwright package
+(never ``playwright install``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -28,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 from conveyor.broker.config import Config  # noqa: E402
 from conveyor.broker.server import Broker, running_broker  # noqa: E402
 from conveyor.sdk import Client, Fail, Job, Retry, Worker  # noqa: E402
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -59,6 +66,12 @@ async def publish(client: Client, stop: asyncio.Event) -> None:
                 "thumbnails",
                 [{"image": f"s3://uploads/{rng.randrange(10**6):06d}.jpg", "size": 256}] * 8,
             )
+        if tick % 24 == 0:  # a transcode every 6 s
+            await client.enqueue(
+                "transcodes",
+                {"video": f"s3://uploads/{rng.randrange(10**6):06d}.mp4", "to": "720p"},
+                visibility_timeout_s=600,
+            )
         if tick % 3 == 0:
             await client.enqueue(
                 "billing",
@@ -79,6 +92,7 @@ def workers(url: str) -> list[Worker]:
     mailer = Worker(url, queues=[], worker_id="mailer-7f3c", prefetch=8, shutdown_timeout_s=2)
     imaging = Worker(url, queues=[], worker_id="imaging-02a1", prefetch=4, shutdown_timeout_s=2)
     payments = Worker(url, queues=[], worker_id="payments-91be", prefetch=2, shutdown_timeout_s=2)
+    video = Worker(url, queues=[], worker_id="video-5d10", prefetch=3, shutdown_timeout_s=2)
 
     @mailer.handler("emails")
     async def send(job: Job) -> None:
@@ -99,7 +113,11 @@ def workers(url: str) -> list[Worker]:
         if roll < 0.16:
             raise Retry(error="TimeoutError: payment gateway did not answer within 30 s")
 
-    return [mailer, imaging, payments]
+    @video.handler("transcodes")
+    async def transcode(job: Job) -> None:
+        await asyncio.sleep(rng.uniform(20, 90))
+
+    return [mailer, imaging, payments, video]
 
 
 @contextlib.asynccontextmanager
@@ -124,38 +142,56 @@ async def traffic(broker: Broker) -> AsyncIterator[Client]:
             await asyncio.gather(*running, return_exceptions=True)
 
 
+async def shot(browser: Browser, url: str, width: int, out: str) -> None:
+    """The dashboard at ``url`` in a ``width`` px window, a queue, a worker and a dead job
+    opened, saved whole to ``out``."""
+    from playwright.async_api import expect
+
+    page = await browser.new_page(viewport={"width": width, "height": 900})
+    await page.goto(url)
+    await expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "live")
+    await page.get_by_test_id("open-queue-emails").click()
+    await page.get_by_test_id("open-worker-video-5d10").click()
+    await expect(page.locator('[data-testid^="held-row-"]').first).to_be_visible()
+    dead = page.locator('[data-testid^="dead-row-"]')
+    await expect(dead.first).to_be_visible(timeout=10_000)
+    job_id = await dead.first.get_attribute("data-job")
+    assert job_id is not None
+    await page.get_by_test_id("job-input").fill(job_id)
+    await page.get_by_test_id("job-submit").click()
+    await expect(page.get_by_test_id("job-view")).to_have_attribute("data-state", "dead")
+    await page.evaluate("window.scrollTo(0, 0)")
+    await page.mouse.move(0, 0)  # no hover highlight in the picture
+    await page.wait_for_timeout(600)  # one more snapshot, smooth scrolling settled
+    overflow = await page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    if overflow > 0:
+        sys.exit(f"at {width} px the page is {overflow} px wider than the window")
+    await page.screenshot(path=out, full_page=True)
+    await page.close()
+
+
 async def shoot(args: argparse.Namespace) -> None:
-    from playwright.async_api import async_playwright, expect
+    from playwright.async_api import async_playwright
 
     config = Config(port=0, store="memory", sweep_interval_s=1.0, disconnect_grace_s=0.0)
     async with running_broker(config) as broker, traffic(broker) as client:
         await asyncio.sleep(args.seconds)
+        url = broker.url.replace("ws://", "http://").removesuffix("/ws") + "/"
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = await browser.new_page(viewport={"width": 1440, "height": 900})
-            await page.goto(broker.url.replace("ws://", "http://").removesuffix("/ws") + "/")
-            await expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "live")
-            dead = page.locator('[data-testid^="dead-row-"]')
-            await expect(dead.first).to_be_visible(timeout=10_000)
-            job_id = await dead.first.get_attribute("data-job")
-            assert job_id is not None
-            await page.get_by_test_id("job-input").fill(job_id)
-            await page.get_by_test_id("job-submit").click()
-            await expect(page.get_by_test_id("job-view")).to_have_attribute("data-state", "dead")
-            await page.evaluate("window.scrollTo(0, 0)")
-            await page.mouse.move(0, 0)  # no hover highlight in the picture
-            await page.wait_for_timeout(600)  # one more snapshot, smooth scrolling settled
-            await page.screenshot(path=args.out, full_page=True)
+            await shot(browser, url, 1400, args.out)
+            await shot(browser, url, 420, args.phone_out)
             await browser.close()
         stats = await client.stats()
     dead = ", ".join(f"{name}: {counts['dead']} dead" for name, counts in stats.items())
-    print(f"wrote {args.out} ({dead})")
+    print(f"wrote {args.out} and {args.phone_out} ({dead})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=50.0, help="traffic before the shot")
     parser.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
+    parser.add_argument("--phone-out", default=str(ROOT / "docs" / "dashboard-phone.png"))
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         sys.exit(f"{CHROMIUM} is missing: apt-get install -y chromium")

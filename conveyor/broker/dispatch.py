@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..sdk._wire import cancelled_push, jobs_push, pushed_job
 from .backend import Backend, Claim, Claimed, Pending, Ready, then
@@ -50,13 +50,28 @@ from .egress import Out
 from .engine import SweepResult
 from .scheduler import Handle, Scheduler
 
-__all__ = ["Dispatcher", "Subscription", "logged"]
+__all__ = ["Dispatcher", "Held", "Subscription", "logged"]
 
 log = logging.getLogger("conveyor.dispatch")
 
 # Split a worker's jobs frame once its payloads pass this many bytes, so that no frame
 # comes near a client's frame-size limit (1 MiB by default in most WebSocket clients).
 _FRAME_PAYLOAD_BUDGET = 256 * 1024
+
+
+class Held(NamedTuple):
+    """A job a subscription holds, as the dispatcher knows it (the dashboard shows it).
+
+    ``since`` is when its lease was taken (the claim's time, by the backend's clock), or,
+    for a lease the worker re-attached, when it did: ``reattached`` then, and ``queue``
+    and ``attempt`` are ``None`` (a re-attach names only the job and the lease).
+    """
+
+    id: str
+    queue: str | None
+    attempt: int | None
+    since: float
+    reattached: bool = False
 
 
 class Subscription:
@@ -92,7 +107,8 @@ class Subscription:
         self.emit = emit
         # Writes what emit queued now, rather than at the loop's next turn; never blocks.
         self.flush = flush
-        self.in_flight: dict[str, str] = {}  # lease -> job id
+        # lease -> the job it holds, in the order they came (so the oldest first)
+        self.in_flight: dict[str, Held] = {}
         # Its connection has too many bytes unsent: it gets nothing until they are out.
         self.congested = False
         # Slots asked for in claims (or re-attaches) whose result has not come yet.
@@ -126,6 +142,8 @@ class Dispatcher:
         self._waiting: dict[str, dict[Subscription, None]] = {}
         self._hungry: dict[Subscription, None] = {}
         self.subscriptions: dict[Subscription, None] = {}  # every live one, in arrival order
+        # worker id -> its live subscriptions (a worker may have several connections)
+        self.by_worker: dict[str, dict[Subscription, None]] = {}
         self._dirty: set[str] = set()
         # The claims whose result has not come yet, each with the news that came while it
         # ran (it may have been made before that news): looked at again when it is back.
@@ -158,6 +176,7 @@ class Dispatcher:
         for name in sub.queues:
             self._waiting.setdefault(name, {})
         self.subscriptions[sub] = None
+        self.by_worker.setdefault(sub.worker_id, {})[sub] = None
         if not leases:
             self._release_unoffered(sub)
             self._set_hungry(sub)
@@ -177,12 +196,13 @@ class Dispatcher:
             return []
         orphans = self._orphans.get(sub.worker_id)
         reattached = []
+        now = self._scheduler.now()
         for job_id, lease in pairs:
             previous = self._holders.get(job_id)
             if previous is not None and previous[0] is not sub:
                 # The old connection is not known dead yet; it loses the job (and the slot).
                 previous[0].in_flight.pop(previous[1], None)
-            sub.in_flight[lease] = job_id
+            sub.in_flight[lease] = Held(job_id, None, None, now, reattached=True)
             self._lease_owners[lease] = sub
             self._holders[job_id] = (sub, lease)
             reattached.append(job_id)
@@ -220,13 +240,19 @@ class Dispatcher:
     def unsubscribe(self, sub: Subscription) -> None:
         """The subscription's connection ended: its jobs lapse after the grace."""
         self.subscriptions.pop(sub, None)
+        same = self.by_worker.get(sub.worker_id)
+        if same is not None:
+            same.pop(sub, None)
+            if not same:
+                del self.by_worker[sub.worker_id]
         self._hungry.pop(sub, None)
         for name in sub.queues:
             waiting = self._waiting.get(name)
             if waiting is not None:
                 waiting.pop(sub, None)
         held = {}
-        for lease, job_id in sub.in_flight.items():
+        for lease, job in sub.in_flight.items():
+            job_id = job.id
             if self._holders.get(job_id) == (sub, lease):
                 del self._holders[job_id]
             if self._lease_owners.get(lease) is sub:
@@ -297,8 +323,10 @@ class Dispatcher:
         owner = self._lease_owners.get(lease)
         if owner is None:
             return None
-        if owner is not sub and owner.in_flight.get(lease) != job_id:
-            return None
+        if owner is not sub:
+            held = owner.in_flight.get(lease)
+            if held is None or held.id != job_id:
+                return None
         del self._lease_owners[lease]
         owner.in_flight.pop(lease, None)
         if self._holders.get(job_id) == (owner, lease):
@@ -473,7 +501,9 @@ class Dispatcher:
     ) -> None:
         owners = self._lease_owners
         for job in claimed:
-            sub.in_flight[job.lease] = job.id
+            # The lease was taken when the claim ran: its deadline less its length.
+            since = job.deadline - job.visibility_timeout_s
+            sub.in_flight[job.lease] = Held(job.id, job.queue, job.attempt, since)
             owners[job.lease] = sub
             self._holders[job.id] = (sub, job.lease)
         out.setdefault(sub, []).extend(claimed)

@@ -1,8 +1,9 @@
 """The dashboard's feed: coalesced snapshots for every connection that sent ``watch``.
 
-One ticker samples each queue's totals once a second (rates and a five-minute history)
-and, four times a second while anyone watches, builds the shared part of a snapshot
-once (O(queues + 200 workers): counters only, never jobs) and hands it to each viewer
+One ticker samples each queue's totals once a second (rates over the last minute, a
+five-minute history of per-second rates, an hour of per-minute throughput) and, four
+times a second while anyone watches, builds the shared part of a snapshot once
+(O(queues + 200 workers): counters only, never jobs) and hands it to each viewer
 whose previous snapshot has been written out, at most one per viewer per tick however
 often ``watch`` wakes the ticker. A viewer that is behind is skipped, not
 queued for: the next snapshot carries the latest state, so a frozen browser tab costs
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import secrets
 import time
@@ -23,13 +26,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..sdk._wire import ErrorCode, Push, WireError, encode, job_info, raw_json
 from .backend import Backend
+from .dispatch import Held
 from .engine import QueueStats
 from .store import StoreError
 
 if TYPE_CHECKING:
-    from .dispatch import Dispatcher
+    from .dispatch import Dispatcher, Subscription
 
-__all__ = ["Feed", "Viewer", "queue_info"]
+__all__ = ["Feed", "MinuteRing", "QueueRates", "Viewer", "queue_info"]
 
 
 class Viewer(Protocol):
@@ -50,7 +54,15 @@ log = logging.getLogger("conveyor.feed")
 TICK_S = 0.25  # at most four snapshots a second
 SAMPLE_S = 1.0  # one history sample a second
 HISTORY = 300  # five minutes of samples
+# ``rates`` are per second over the last minute of samples: a trickle of one job every
+# few seconds reads as a steady rate, not a flicker between 0 and 1 (docs/dashboard.md).
+RATE_WINDOW_S = 60.0
+MINUTE_S = 60
+RING_MINUTES = 60  # the throughput ring: an hour of per-minute counts per queue
 MAX_WORKERS_LISTED = 200
+# A worker's detail (``watch`` with ``worker``) lists at most this many of its jobs,
+# the longest-running first.
+MAX_HELD_LISTED = 100
 # A broker on a shared table says it is alive every SAMPLE_S; one not heard from for this
 # long is gone from the others' dashboards.
 BROKER_TTL_S = 5.0
@@ -84,21 +96,124 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
 @dataclass
 class _Viewer:
     job: str | None = None
+    worker: str | None = None
     dead_queue: str | None = None
     dead_offset: int = 0
     dead_limit: int = 20
     history_since: float | None = None  # None: send the whole history next time
+    minutes_since: int | None = None  # None: send the whole throughput ring next time
     sent_at: float | None = None  # time.monotonic() of its last snapshot; None: never
 
 
+class MinuteRing:
+    """Completed and failed jobs per minute over the last hour: ``RING_MINUTES`` buckets,
+    bucket ``m % RING_MINUTES`` for minute ``m`` (``t // 60`` by the broker's clock), and
+    their sums. Each ``add`` costs O(1): a bucket is zeroed when its minute comes round
+    again (at most ``RING_MINUTES`` of them after a long gap), and the sums follow."""
+
+    __slots__ = ("completed", "completed_1h", "failed", "failed_1h", "minute")
+
+    def __init__(self) -> None:
+        self.minute: int | None = None  # the newest bucket's minute
+        self.completed = [0] * RING_MINUTES
+        self.failed = [0] * RING_MINUTES
+        self.completed_1h = 0  # the sums over the ring
+        self.failed_1h = 0
+
+    def add(self, now: float, completed: int, failed: int) -> None:
+        """Count ``completed`` and ``failed`` jobs at time ``now`` (``0, 0`` only moves the
+        ring on, so that minutes older than an hour leave the sums)."""
+        minute = int(now // MINUTE_S)
+        if self.minute is None:
+            self.minute = minute
+        elif minute > self.minute:
+            for m in range(self.minute + 1, min(minute, self.minute + RING_MINUTES) + 1):
+                i = m % RING_MINUTES
+                self.completed_1h -= self.completed[i]
+                self.failed_1h -= self.failed[i]
+                self.completed[i] = self.failed[i] = 0
+            self.minute = minute
+        # (a clock that stepped back counts into the newest minute: no bucket is reused)
+        i = self.minute % RING_MINUTES
+        self.completed[i] += completed
+        self.failed[i] += failed
+        self.completed_1h += completed
+        self.failed_1h += failed
+
+    def buckets(self, since: int | None = None) -> list[tuple[int, int, int]]:
+        """``(minute start, completed, failed)`` of each minute from ``since`` (a minute
+        number; ``None``: the whole hour) to the newest, oldest first; empty minutes left
+        out."""
+        newest = self.minute
+        if newest is None:
+            return []
+        first = newest - RING_MINUTES + 1
+        if since is not None:
+            first = max(first, since)
+        out = []
+        for m in range(first, newest + 1):
+            i = m % RING_MINUTES
+            if self.completed[i] or self.failed[i]:
+                out.append((m * MINUTE_S, self.completed[i], self.failed[i]))
+        return out
+
+
+Totals = tuple[int, int, int, int]  # enqueued, completed, retried, dead
+
+
 @dataclass
-class _QueueRates:
+class QueueRates:
+    """One queue's samples: the rates over the last ``RATE_WINDOW_S``, the history of
+    per-second rates, the hour of per-minute throughput. ``sample`` once a second."""
+
     at: float
-    totals: tuple[int, int, int, int]
+    totals: Totals
     rates: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
     history: deque[tuple[float, float, float, float, float]] = field(
         default_factory=lambda: deque(maxlen=HISTORY)
     )
+    # (time, totals) of the samples in the rate window, oldest first; the first is the
+    # window's start (the queue's first sample until a minute has passed).
+    window: deque[tuple[float, Totals]] = field(default_factory=deque)
+    ring: MinuteRing = field(default_factory=MinuteRing)
+
+    def __post_init__(self) -> None:
+        self.window.append((self.at, self.totals))
+
+    def sample(self, now: float, totals: Totals) -> bool:
+        """Take a sample of ``totals`` at ``now`` if ``SAMPLE_S`` has passed since the last
+        one (whether one was taken). O(1): one history entry, one ring bucket, the window
+        moved on by a sample or two."""
+        dt = now - self.at
+        if dt < SAMPLE_S:
+            return False
+        last = self.totals
+        self.history.append(
+            (
+                now,
+                (totals[0] - last[0]) / dt,
+                (totals[1] - last[1]) / dt,
+                (totals[2] - last[2]) / dt,
+                (totals[3] - last[3]) / dt,
+            )
+        )
+        # Failed: jobs that died (dead-lettered), not attempts that will be retried.
+        self.ring.add(now, max(0, totals[1] - last[1]), max(0, totals[3] - last[3]))
+        window = self.window
+        window.append((now, totals))
+        while now - window[0][0] > RATE_WINDOW_S:
+            window.popleft()
+        start, base = window[0]
+        span = now - start
+        if span > 0:
+            self.rates = (
+                (totals[0] - base[0]) / span,
+                (totals[1] - base[1]) / span,
+                (totals[2] - base[2]) / span,
+                (totals[3] - base[3]) / span,
+            )
+        self.at, self.totals = now, totals
+        return True
 
 
 class Feed:
@@ -111,13 +226,17 @@ class Feed:
         *,
         clock: Callable[[], float],
         server_info: Callable[[], dict[str, Any]],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock`` is the backend's (snapshot times, samples); ``monotonic`` paces each
+        viewer's snapshots (tests pass a manual one for both)."""
         self.backend = backend
         self.dispatcher = dispatcher
         self.clock = clock
+        self.monotonic = monotonic
         self.server_info = server_info
         self._viewers: dict[Viewer, _Viewer] = {}
-        self._rates: dict[str, _QueueRates] = {}
+        self._rates: dict[str, QueueRates] = {}
         self._wake = asyncio.Event()
         # This broker's id on a shared table, and what the other brokers said of
         # themselves at the last sample (their workers, for the dashboard).
@@ -149,6 +268,7 @@ class Feed:
         if viewer is None:
             viewer = self._viewers[conn] = _Viewer()
         viewer.job = fields["job"]
+        viewer.worker = fields["worker"]
         viewer.dead_queue = fields["dead_queue"]
         viewer.dead_offset = offset
         viewer.dead_limit = limit
@@ -192,7 +312,7 @@ class Feed:
         # woken (a `watch` wakes it, and any viewer may send many): a re-watch is served
         # at once when its viewer is due, else at the next tick. A viewer that is behind
         # is skipped: the next snapshot carries the latest state.
-        mono = time.monotonic()
+        mono = self.monotonic()
         due = [
             (conn, viewer)
             for conn, viewer in self._viewers.items()
@@ -211,18 +331,21 @@ class Feed:
                 "server": shared_server,
                 "queues": shared_queues,
                 "history": self._history(viewer),
+                "throughput": self._throughput(viewer),
                 "workers": shared_workers,
+                "worker": await self._worker(viewer.worker),
                 "job": await self._job(viewer.job),
                 "dead": await self._dead(viewer),
             }
             viewer.history_since = now
+            viewer.minutes_since = int(now // MINUTE_S)
             viewer.sent_at = mono
             conn.push_now(frame)
 
     # -- the parts of a snapshot ----------------------------------------------------------
 
     async def _sample(self, now: float) -> dict[str, Any]:
-        """Every queue's counts and rates; records a history sample once a second."""
+        """Every queue's counts, rates and last hour; samples once a second."""
         out: dict[str, Any] = {}
         self.latest = latest = await self.backend.stats()
         for name, stats in latest.items():
@@ -230,25 +353,23 @@ class Feed:
             totals = (t.enqueued, t.completed, t.retried, t.dead)
             state = self._rates.get(name)
             if state is None:
-                state = self._rates[name] = _QueueRates(now, totals)
-            elif now - state.at >= SAMPLE_S:
-                dt = now - state.at
-                state.rates = (
-                    (totals[0] - state.totals[0]) / dt,
-                    (totals[1] - state.totals[1]) / dt,
-                    (totals[2] - state.totals[2]) / dt,
-                    (totals[3] - state.totals[3]) / dt,
-                )
-                state.history.append((now, *state.rates))
-                state.at, state.totals = now, totals
+                state = self._rates[name] = QueueRates(now, totals)
+            else:
+                state.sample(now, totals)
             rates = state.rates
-            out[name] = queue_info(stats)
-            out[name]["rates"] = {
+            info = out[name] = queue_info(stats)
+            info["rates"] = {
                 "enqueued": rates[0],
                 "completed": rates[1],
                 "retried": rates[2],
                 "dead": rates[3],
             }
+            info["last_hour"] = {
+                "completed": state.ring.completed_1h,
+                "failed": state.ring.failed_1h,
+            }
+        for name in [name for name in self._rates if name not in latest]:
+            del self._rates[name]  # (a queue that is gone)
         return out
 
     def _history(self, viewer: _Viewer) -> dict[str, list[tuple[float, ...]]]:
@@ -260,6 +381,17 @@ class Feed:
             ]
             if samples:
                 out[name] = samples
+        return out
+
+    def _throughput(self, viewer: _Viewer) -> dict[str, list[tuple[int, int, int]]]:
+        """Per queue, the ring's minutes the viewer has not seen in full: the whole hour
+        the first time, then the minute filling now (and one that just closed)."""
+        since = viewer.minutes_since
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for name, state in self._rates.items():
+            buckets = state.ring.buckets(since)
+            if buckets:
+                out[name] = buckets
         return out
 
     def _presence(self) -> dict[str, Any]:
@@ -293,18 +425,79 @@ class Feed:
             if len(listed) >= MAX_WORKERS_LISTED:
                 break
             owner = sub.owner
+            # The first lease in the window is the oldest (they are kept in arrival order).
+            oldest = next(iter(sub.in_flight.values()), None)
             listed.append(
                 {
                     "worker_id": sub.worker_id,
                     "queues": list(sub.queues),
                     "prefetch": sub.prefetch,
                     "in_hand": len(sub.in_flight),
+                    "oldest_since": None if oldest is None else oldest.since,
                     "connected_at": getattr(owner, "connected_at", None),
                     "last_seen_at": getattr(owner, "last_seen_at", None),
                     "broker": url,
                 }
             )
         return {"total": len(subs), "list": listed}
+
+    async def _worker(self, worker_id: str | None) -> dict[str, Any] | None:
+        """The followed worker's jobs, as this broker knows them: every connection of it
+        here, its ``MAX_HELD_LISTED`` longest-running jobs. A worker connected to another
+        broker of the table: what that broker told of it (no jobs); one gone: ``gone``.
+        Costs O(its connections x MAX_HELD_LISTED), never O(workers)."""
+        if worker_id is None:
+            return None
+        subs = self.dispatcher.by_worker.get(worker_id)
+        if not subs:
+            for other in self._others:
+                workers = other.get("workers")
+                for entry in (workers.get("list") or ()) if isinstance(workers, dict) else ():
+                    if isinstance(entry, dict) and entry.get("worker_id") == worker_id:
+                        return {
+                            "worker_id": worker_id,
+                            "here": False,
+                            "broker": entry.get("broker"),
+                            "held": entry.get("in_hand"),
+                            "oldest_since": entry.get("oldest_since"),
+                            "jobs": [],
+                        }
+            return {"worker_id": worker_id, "gone": True}
+        return {
+            "worker_id": worker_id,
+            "here": True,
+            "broker": self.server_info().get("url"),
+            "connections": len(subs),
+            "held": sum(len(sub.in_flight) for sub in subs),
+            "jobs": await self._held_jobs(subs),
+        }
+
+    async def _held_jobs(self, subs: Mapping[Subscription, None]) -> list[dict[str, Any]]:
+        each = (itertools.islice(sub.in_flight.values(), MAX_HELD_LISTED) for sub in subs)
+        held: list[Held] = heapq.nsmallest(
+            MAX_HELD_LISTED, itertools.chain.from_iterable(each), key=lambda h: h.since
+        )
+        # A re-attached lease came without its queue and attempt: the table has them.
+        unknown = [h.id for h in held if h.queue is None]
+        found = {}
+        if unknown:
+            found = {job.id: job for job in await self.backend.get_jobs(unknown) if job is not None}
+        out = []
+        for h in held:
+            queue, attempt = h.queue, h.attempt
+            job = found.get(h.id)
+            if job is not None:
+                queue, attempt = job.queue, job.attempts
+            out.append(
+                {
+                    "id": h.id,
+                    "queue": queue,
+                    "attempt": attempt,
+                    "since": h.since,
+                    "reattached": h.reattached,
+                }
+            )
+        return out
 
     async def _job(self, job_id: str | None) -> dict[str, Any] | None:
         if job_id is None:

@@ -615,6 +615,7 @@ _SPECS = (
         frozenset({_R, _A}),
         (
             Field("job", Kind.STRING),
+            Field("worker", Kind.STRING),
             Field("dead_queue", Kind.STRING),
             Field("dead_offset", Kind.INTEGER, default=0),
             Field("dead_limit", Kind.INTEGER, default=20),

@@ -1,13 +1,15 @@
 // Conveyor's dashboard: one WebSocket to the broker that served this page.
 //
 // hello (with the token kept in sessionStorage, when the broker asks for one), then
-// watch; the broker pushes "snapshot" frames (queues, history, workers, the followed job,
-// a page of dead letters) and the page renders them. It never polls. Admin actions are
+// watch; the broker pushes "snapshot" frames (queues, history, the hour's throughput,
+// workers, the opened worker's jobs, the followed job, a page of dead letters) and the
+// page renders them. It never polls. Admin actions are
 // ordinary requests on the same socket. Everything the broker sends is put in the page
 // with textContent (or as SVG attribute numbers): never parsed as HTML.
 
 const TOKEN_KEY = "conveyor.token";
 const HISTORY_SECONDS = 300; // the charts' window; the broker keeps as many samples
+const HOUR_MINUTES = 60; // the throughput bars: one per minute, the broker's ring
 const DEAD_LIMIT = 20;
 const BACKOFF_MIN_MS = 500;
 const BACKOFF_MAX_MS = 5000;
@@ -27,7 +29,10 @@ const state = {
   backoffMs: BACKOFF_MIN_MS,
   reconnectTimer: null,
   firstSnapshot: true, // the next snapshot starts this connection's history
-  watch: { job: null, deadQueue: null, deadOffset: 0 },
+  watch: { job: null, worker: null, deadQueue: null, deadOffset: 0 },
+  queue: null, // the queue whose detail is open
+  throughput: new Map(), // queue -> Map(minute start -> [completed, failed])
+  heldKey: null, // what the held-jobs rows show
   deadChosen: false, // the operator picked the dead-letter queue (else it follows the dead)
   history: new Map(), // queue -> [[t, enq/s, completed/s, retried/s, dead/s], ...]
   last: null, // the latest snapshot
@@ -308,6 +313,7 @@ async function sendWatch() {
   if (!state.authed) return;
   const fields = {};
   if (state.watch.job) fields.job = state.watch.job;
+  if (state.watch.worker) fields.worker = state.watch.worker;
   if (state.watch.deadQueue) {
     fields.dead_queue = state.watch.deadQueue;
     fields.dead_offset = state.watch.deadOffset;
@@ -333,23 +339,25 @@ function onSnapshot(snap) {
   hideBanner();
   document.body.classList.remove("stale");
   setConn("live");
-  mergeHistory(snap.history || {}, snap.at);
+  const first = state.firstSnapshot;
+  state.firstSnapshot = false;
+  mergeHistory(snap.history || {}, snap.at, first);
+  mergeThroughput(snap.throughput || {}, snap.at, first);
   state.last = snap;
   const queues = snap.queues || {};
   followDead(queues);
   renderServer(snap.server || {}, snap.at);
   renderQueues(queues, snap.at);
+  renderQueueDetail(queues, snap.at);
   renderWorkers(snap.workers || { total: 0, list: [] }, snap.at);
+  renderWorkerDetail(snap.worker === undefined ? null : snap.worker, snap.at);
   renderDead(snap.dead || null, queues, snap.at);
   renderJob(snap.job === undefined ? null : snap.job, snap.at);
   setText($("as-of"), `as of ${fmtTime(snap.at)} (broker time)`);
 }
 
-function mergeHistory(history, at) {
-  if (state.firstSnapshot) {
-    state.history.clear();
-    state.firstSnapshot = false;
-  }
+function mergeHistory(history, at, first) {
+  if (first) state.history.clear();
   for (const [name, samples] of Object.entries(history)) {
     if (!Array.isArray(samples)) continue;
     let kept = state.history.get(name) || [];
@@ -361,6 +369,21 @@ function mergeHistory(history, at) {
     while (cut < kept.length && kept[cut][0] < from) cut++;
     if (kept.length - cut > HISTORY_SECONDS) cut = kept.length - HISTORY_SECONDS;
     state.history.set(name, cut ? kept.slice(cut) : kept);
+  }
+}
+
+// The broker sends the hour's minutes once, then the minutes that may have changed.
+function mergeThroughput(throughput, at, first) {
+  if (first) state.throughput.clear();
+  for (const [name, buckets] of Object.entries(throughput)) {
+    if (!Array.isArray(buckets)) continue;
+    let minutes = state.throughput.get(name);
+    if (!minutes) state.throughput.set(name, (minutes = new Map()));
+    for (const b of buckets) if (Array.isArray(b)) minutes.set(b[0], [b[1] || 0, b[2] || 0]);
+  }
+  const from = (Math.floor(at / 60) - HOUR_MINUTES + 1) * 60;
+  for (const minutes of state.throughput.values()) {
+    for (const t of minutes.keys()) if (t < from) minutes.delete(t);
   }
 }
 
@@ -386,20 +409,30 @@ const queueRows = new Map(); // name -> {row, cells}
 function queueRow(name) {
   const cells = {};
   const cell = (key, cls) => (cells[key] = el("td", { class: cls, "data-field": key }));
+  const open = el("button", {
+    type: "button",
+    class: "link",
+    "data-testid": `open-queue-${name}`,
+    title: `Open ${name}`,
+    text: name,
+    onclick: () => openQueue(name),
+  });
   const row = el(
     "tr",
     { "data-testid": `queue-row-${name}`, "data-queue": name },
-    el("th", { scope: "row", class: "name", "data-field": "name", text: name }),
+    el("th", { scope: "row", class: "name", "data-field": "name" }, open),
     cell("ready", "num"),
     cell("scheduled", "num"),
     cell("processing", "num"),
     cell("dead", "num"),
+    cell("oldest_ready", "num"),
     cell("paused", "state"),
     cell("rate_enqueued", "num rate"),
     cell("rate_completed", "num rate"),
     cell("rate_retried", "num rate"),
     cell("rate_dead", "num rate"),
     cell("chart", "chart-col"),
+    cell("last_hour", "hour-col"),
   );
   const showDead = el("button", {
     type: "button",
@@ -415,6 +448,9 @@ function queueRow(name) {
   cells.pill = pill;
   cells.chartSvg = chartSvg();
   cells.chart.append(cells.chartSvg.root);
+  cells.hourBars = hourBars("bars");
+  cells.hourText = el("span", { class: "hour-text", "data-testid": `hour-total-${name}` });
+  cells.last_hour.append(cells.hourBars.root, cells.hourText);
   if (isAdmin()) {
     const actions = el("td", { class: "actions-col" });
     cells.pause = el("button", {
@@ -469,6 +505,7 @@ function renderQueues(queues, at) {
     setText(c.processing, fmtCount(q.processing));
     setText(c.showDead, fmtCount(q.dead));
     c.dead.classList.toggle("has-dead", q.dead > 0);
+    setText(c.oldest_ready, fmtOldestReady(q, at));
     const paused = q.paused === true;
     entry.row.dataset.paused = String(paused);
     c.pill.className = paused ? "pill paused" : "pill active";
@@ -481,6 +518,8 @@ function renderQueues(queues, at) {
     c.rate_retried.classList.toggle("warn", rates.retried >= 0.05);
     c.rate_dead.classList.toggle("bad", rates.dead >= 0.05);
     drawChart(c.chartSvg, state.history.get(name) || [], at);
+    const hour = drawHour(c.hourBars, name, at);
+    setText(c.hourText, fmtHour(q.last_hour, hour));
     if (c.pause) {
       c.pause.hidden = paused;
       c.resume.hidden = !paused;
@@ -488,6 +527,139 @@ function renderQueues(queues, at) {
   }
   $("queues-empty").hidden = names.length > 0;
   $("queues-table").hidden = names.length === 0;
+}
+
+// The age of the queue's oldest ready job: its latency. The broker's stats carry
+// `oldest_ready_at` (epoch seconds, null when nothing is ready); "–" without it.
+function fmtOldestReady(q, at) {
+  const t = q.oldest_ready_at;
+  if (typeof t !== "number") return "–";
+  return fmtDuration(at - t);
+}
+
+function fmtHour(lastHour, drawn) {
+  const done = lastHour && typeof lastHour.completed === "number" ? lastHour.completed : drawn.completed;
+  const failed = lastHour && typeof lastHour.failed === "number" ? lastHour.failed : drawn.failed;
+  return failed > 0 ? `${fmtCount(done)} · ${fmtCount(failed)} failed` : fmtCount(done);
+}
+
+// Bars of the last hour, one per minute: completed from the axis up, failed on top.
+const BAR_H = 28;
+
+function hourBars(cls) {
+  const root = svg("svg", {
+    viewBox: `0 0 ${HOUR_MINUTES} ${BAR_H}`,
+    preserveAspectRatio: "none",
+    class: cls,
+    role: "img",
+  });
+  const title = svg("title");
+  root.append(title, svg("line", { x1: 0, x2: HOUR_MINUTES, y1: BAR_H - 0.25, y2: BAR_H - 0.25, class: "axis" }));
+  const done = [];
+  const failed = [];
+  for (let i = 0; i < HOUR_MINUTES; i++) {
+    done.push(svg("rect", { x: i + 0.1, width: 0.8, y: BAR_H, height: 0, class: "bar completed" }));
+    failed.push(svg("rect", { x: i + 0.1, width: 0.8, y: BAR_H, height: 0, class: "bar failed" }));
+  }
+  root.append(...done, ...failed);
+  return { root, title, done, failed };
+}
+
+function drawHour(chart, name, at) {
+  const minutes = state.throughput.get(name) || new Map();
+  const last = Math.floor(at / 60);
+  let peak = 0;
+  let done = 0;
+  let failed = 0;
+  const values = [];
+  for (let i = 0; i < HOUR_MINUTES; i++) {
+    const v = minutes.get((last - HOUR_MINUTES + 1 + i) * 60) || [0, 0];
+    values.push(v);
+    peak = Math.max(peak, v[0] + v[1]);
+    done += v[0];
+    failed += v[1];
+  }
+  const scale = peak > 0 ? (BAR_H - 1) / peak : 0;
+  for (let i = 0; i < HOUR_MINUTES; i++) {
+    const [c, f] = values[i];
+    const hc = c * scale;
+    const hf = f * scale;
+    chart.done[i].setAttribute("y", (BAR_H - hc).toFixed(2));
+    chart.done[i].setAttribute("height", hc.toFixed(2));
+    chart.failed[i].setAttribute("y", (BAR_H - hc - hf).toFixed(2));
+    chart.failed[i].setAttribute("height", hf.toFixed(2));
+  }
+  chart.title.textContent =
+    peak > 0
+      ? `last hour: ${fmtCount(done)} completed, ${fmtCount(failed)} failed; busiest minute ${fmtCount(peak)}`
+      : "last hour: idle";
+  return { completed: done, failed };
+}
+
+// -- one queue ----------------------------------------------------------------------------
+
+let queueDetail = null; // {bars, summary cells} of the open queue's card
+
+function openQueue(name) {
+  state.queue = name;
+  queueDetail = null;
+  $("queue-card").hidden = false;
+  if (state.last) renderQueueDetail(state.last.queues || {}, state.last.at);
+  $("queue-card").scrollIntoView({ block: "nearest", behavior: "smooth" });
+}
+
+function closeQueue() {
+  state.queue = null;
+  queueDetail = null;
+  $("queue-card").hidden = true;
+}
+
+const QUEUE_SUMMARY = [
+  ["ready", "ready"],
+  ["scheduled", "scheduled"],
+  ["processing", "processing"],
+  ["dead", "dead"],
+  ["oldest_ready", "oldest ready"],
+  ["enqueued", "enqueued, all time"],
+  ["completed", "completed, all time"],
+];
+
+function renderQueueDetail(queues, at) {
+  const name = state.queue;
+  const card = $("queue-card");
+  if (!name) return;
+  const q = queues[name];
+  if (!q) {
+    closeQueue(); // the queue is gone
+    return;
+  }
+  if (!queueDetail) {
+    setText($("queue-detail-name"), name);
+    const summary = $("queue-detail-summary");
+    const cells = {};
+    summary.replaceChildren(
+      ...QUEUE_SUMMARY.map(([key, label]) => {
+        cells[key] = el("dd", {});
+        return el("div", { "data-field": key }, el("dt", { text: label }), cells[key]);
+      }),
+    );
+    const bars = hourBars("bars wide");
+    $("queue-hour-chart").replaceChildren(bars.root);
+    queueDetail = { cells, bars };
+  }
+  card.dataset.queue = name;
+  const pill = $("queue-detail-state");
+  pill.className = q.paused ? "pill paused" : "pill active";
+  setText(pill, q.paused ? "paused" : "active");
+  const c = queueDetail.cells;
+  for (const key of ["ready", "scheduled", "processing", "dead"]) setText(c[key], fmtCount(q[key]));
+  setText(c.oldest_ready, fmtOldestReady(q, at));
+  const totals = q.totals || {};
+  setText(c.enqueued, fmtCount(totals.enqueued));
+  setText(c.completed, fmtCount(totals.completed));
+  const hour = drawHour(queueDetail.bars, name, at);
+  const lastHour = q.last_hour || hour;
+  setText($("queue-hour-total"), `${fmtCount(lastHour.completed)} completed, ${fmtCount(lastHour.failed)} failed`);
 }
 
 // A sparkline: completed as a soft area, enqueued, retried and dead as lines, on one scale.
@@ -571,13 +743,22 @@ let ownUrl = "";
 function workerRow(id) {
   const cells = {};
   const cell = (key, cls) => (cells[key] = el("td", { class: cls, "data-field": key }));
+  const open = el("button", {
+    type: "button",
+    class: "link mono",
+    "data-testid": `open-worker-${id}`,
+    title: "Show the jobs it holds",
+    text: id,
+    onclick: () => openWorker(id),
+  });
   const row = el(
     "tr",
     { "data-testid": `worker-row-${id}`, "data-worker": id },
-    el("th", { scope: "row", class: "name mono", "data-field": "worker_id", text: id }),
+    el("th", { scope: "row", class: "name mono", "data-field": "worker_id" }, open),
     cell("queues"),
     cell("prefetch", "num"),
     cell("in_hand", "in-hand"),
+    cell("oldest", "num"),
     cell("connected_at"),
     cell("last_seen_at"),
     cell("broker", "broker-col mono"),
@@ -610,6 +791,7 @@ function renderWorkers(workers, at) {
     setText(c.inHandText, fmtCount(w.in_hand));
     const share = w.prefetch > 0 ? Math.min(1, (w.in_hand || 0) / w.prefetch) : 0;
     c.meter.style.width = `${Math.round(share * 100)}%`;
+    setText(c.oldest, typeof w.oldest_since === "number" ? fmtDuration(at - w.oldest_since) : "–");
     const since = typeof w.connected_at === "number" ? w.connected_at : null;
     setText(c.connected_at, since === null ? "–" : `${fmtTime(since)} (${fmtDuration(at - since)})`);
     setText(c.last_seen_at, fmtAgo(w.last_seen_at, at));
@@ -630,6 +812,96 @@ function renderWorkers(workers, at) {
   setText($("workers-count"), count);
   $("workers-empty").hidden = list.length > 0;
   $("workers-table").hidden = list.length === 0;
+}
+
+// -- one worker: the jobs it holds ---------------------------------------------------------
+
+function openWorker(id) {
+  state.watch.worker = id;
+  state.heldKey = null;
+  $("held-body").replaceChildren();
+  $("worker-card").hidden = false;
+  setText($("worker-detail-id"), id);
+  setText($("worker-detail-count"), "");
+  showWorkerNote(`Loading the jobs of ${id}…`);
+  $("held-table").hidden = true;
+  sendWatch();
+  $("worker-card").scrollIntoView({ block: "nearest", behavior: "smooth" });
+}
+
+function closeWorker() {
+  state.watch.worker = null;
+  $("worker-card").hidden = true;
+  sendWatch();
+}
+
+function showWorkerNote(text) {
+  const note = $("worker-detail-note");
+  note.hidden = !text;
+  setText(note, text || "");
+}
+
+const heldRows = new Map(); // job id -> {row, running}
+
+function renderWorkerDetail(detail, at) {
+  const wanted = state.watch.worker;
+  const card = $("worker-card");
+  if (!wanted) return;
+  if (!detail || detail.worker_id !== wanted) return; // the next snapshot has it
+  card.dataset.state = detail.gone ? "gone" : detail.here ? "here" : "elsewhere";
+  const jobs = Array.isArray(detail.jobs) ? detail.jobs : [];
+  if (detail.gone) {
+    setText($("worker-detail-count"), "");
+    showWorkerNote(`${wanted} is not connected (any more).`);
+  } else if (!detail.here) {
+    const held = fmtCount(detail.held);
+    const oldest = typeof detail.oldest_since === "number" ? `, the oldest for ${fmtDuration(at - detail.oldest_since)}` : "";
+    setText($("worker-detail-count"), `${held} in hand`);
+    showWorkerNote(`Connected to another broker (${detail.broker ?? "?"}): it holds ${held} jobs${oldest}. That broker's dashboard lists them.`);
+  } else {
+    const held = typeof detail.held === "number" ? detail.held : jobs.length;
+    let count = `${fmtCount(held)} in hand`;
+    if (held > jobs.length) count += ` (showing the ${fmtCount(jobs.length)} longest-running)`;
+    if (detail.connections > 1) count += ` on ${fmtCount(detail.connections)} connections`;
+    setText($("worker-detail-count"), count);
+    showWorkerNote(jobs.length ? "" : "It holds no jobs now.");
+  }
+  const key = JSON.stringify(jobs.map((j) => [j.id, j.queue, j.attempt, j.since]));
+  if (key !== state.heldKey) {
+    state.heldKey = key;
+    heldRows.clear();
+    $("held-body").replaceChildren(...jobs.map((job) => heldRow(job)));
+  }
+  for (const job of jobs) {
+    const entry = heldRows.get(String(job.id));
+    if (entry) setText(entry.running, typeof job.since === "number" ? fmtDuration(at - job.since) : "–");
+  }
+  $("held-table").hidden = jobs.length === 0;
+}
+
+function heldRow(job) {
+  const id = String(job.id);
+  const running = el("td", { class: "num", "data-field": "running_for" });
+  const started = job.reattached ? `${fmtTime(job.since)} (re-attached)` : fmtTime(job.since);
+  const row = el(
+    "tr",
+    { "data-testid": `held-row-${id}`, "data-job": id },
+    el(
+      "th",
+      { scope: "row", class: "mono", "data-field": "id" },
+      el("button", { type: "button", class: "link mono", text: id, title: "Follow this job", onclick: () => followJob(id) }),
+    ),
+    running,
+    el("td", { "data-field": "queue", text: job.queue ?? "–" }),
+    el("td", { class: "num", "data-field": "attempt", text: fmtCount(job.attempt) }),
+    el("td", {
+      "data-field": "since",
+      text: started,
+      title: job.reattached ? "when the worker re-attached its lease (after a reconnect): it started earlier" : fmtDate(job.since),
+    }),
+  );
+  heldRows.set(id, { row, running });
+  return row;
 }
 
 // -- dead letters -------------------------------------------------------------------------
@@ -890,6 +1162,8 @@ async function act(op, fields, confirmText) {
 function start() {
   $("token-form").addEventListener("submit", onTokenSubmit);
   $("dead-queue").addEventListener("change", (e) => chooseDeadQueue(e.target.value || null, true));
+  $("queue-detail-close").addEventListener("click", closeQueue);
+  $("worker-detail-close").addEventListener("click", closeWorker);
   $("dead-prev").addEventListener("click", () => pageDead(-1));
   $("dead-next").addEventListener("click", () => pageDead(1));
   $("purge-dead").addEventListener("click", () => {

@@ -25,12 +25,40 @@ from .conftest import ClientFactory, RawClient, stalled_socket, with_config
 Snapshot = dict[str, Any]
 
 # Members every snapshot carries (docs/protocol.md §8, "snapshot").
-SNAPSHOT_MEMBERS = {"push", "at", "server", "queues", "history", "workers", "job", "dead"}
+SNAPSHOT_MEMBERS = {
+    "push",
+    "at",
+    "server",
+    "queues",
+    "history",
+    "throughput",
+    "workers",
+    "worker",
+    "job",
+    "dead",
+}
 SERVER_MEMBERS = {"version", "store", "started_at", "connections"}
-QUEUE_MEMBERS = {"ready", "scheduled", "processing", "dead", "paused", "totals", "rates"}
+QUEUE_MEMBERS = {
+    "ready",
+    "scheduled",
+    "processing",
+    "dead",
+    "paused",
+    "totals",
+    "rates",
+    "last_hour",
+}
 TOTALS = {"enqueued", "completed", "retried", "dead", "expired", "cancelled"}
 RATES = ("enqueued", "completed", "retried", "dead")  # also the history columns, in order
-WORKER_MEMBERS = {"worker_id", "queues", "prefetch", "in_hand", "connected_at", "last_seen_at"}
+WORKER_MEMBERS = {
+    "worker_id",
+    "queues",
+    "prefetch",
+    "in_hand",
+    "oldest_since",
+    "connected_at",
+    "last_seen_at",
+}
 DEAD_JOB_MEMBERS = {"id", "last_error", "attempts", "died_at", "payload_preview"}
 
 # A snapshot showing a change made just before: the next tick (0.25 s) carries it.
@@ -198,10 +226,20 @@ async def test_rates_and_history_show_traffic_within_a_few_seconds(client: Clien
             sample_times.append(t)
             assert t <= snapshot["at"]
             history_seen |= {name for name, v in zip(RATES, values, strict=True) if v > 0}
-        if samples:  # the rates shown are the latest sample's
-            assert list(rates.values()) == pytest.approx(samples[-1][1:])
     # After the first snapshot, each carries only samples newer than the one before.
     assert sample_times == sorted(set(sample_times))
+    # The rates are over the last minute: a second with no traffic leaves them up.
+    quiet = await snapshot_where(
+        viewer, lambda s: [0.0] * 4 in [v[1:] for v in s["history"].get("r", [])]
+    )
+    assert queue_of(quiet, "r")["rates"]["completed"] > 0
+    # A new viewer gets the hour's minutes in its first snapshot; failed: the job that died.
+    fresh = await client()
+    await fresh.call("watch")
+    hour = await fresh.next_push("snapshot", SHOWN)
+    assert queue_of(hour, "r")["last_hour"] == {"completed": 19, "failed": 1}
+    assert sum(bucket[1] for bucket in hour["throughput"]["r"]) == 19
+    assert sum(bucket[2] for bucket in hour["throughput"]["r"]) == 1
 
 
 async def test_snapshots_come_at_most_four_a_second_however_busy(
@@ -372,9 +410,28 @@ async def test_the_workers_list_shows_each_subscribed_worker(client: ClientFacto
     assert listed["queues"] == ["a", "b"]
     assert listed["prefetch"] == 5
     assert listed["connected_at"] <= listed["last_seen_at"] <= time.time() + 1
+    assert listed["connected_at"] <= listed["oldest_since"] <= time.time() + 1
+    assert workers_of_each_snapshot_have_no_jobs(workers)
+
+    # Its detail, for the viewer that opened it: each job it holds, oldest first.
+    await viewer.call("watch", worker="host-1-ab12")
+    detail = (await snapshot_where(viewer, lambda s: s["worker"] is not None))["worker"]
+    assert detail["worker_id"] == "host-1-ab12"
+    assert (detail["here"], detail["connections"], detail["held"]) == (True, 1, 2)
+    assert [(j["queue"], j["attempt"], j["reattached"]) for j in detail["jobs"]] == [
+        ("b", 1, False),
+        ("b", 1, False),
+    ]
+    assert detail["jobs"][0]["since"] == listed["oldest_since"]
 
     await worker.ws.close()
-    await snapshot_where(viewer, lambda s: s["workers"] == {"total": 0, "list": []})
+    gone = await snapshot_where(viewer, lambda s: s["workers"] == {"total": 0, "list": []})
+    assert gone["worker"] == {"worker_id": "host-1-ab12", "gone": True}
+
+
+def workers_of_each_snapshot_have_no_jobs(workers: dict[str, Any]) -> bool:
+    """The shared workers list carries counts, never job lists (its cost stays bounded)."""
+    return all("jobs" not in entry for entry in workers["list"])
 
 
 # --------------------------------------------------------------------------- who may watch

@@ -47,6 +47,13 @@ async def test_a_brokers_dashboard_shows_every_brokers_workers_and_counts(tab: T
             await expect(
                 page.get_by_test_id("queue-row-reports").locator('[data-field="ready"]')
             ).to_have_text("2")
+            # Its detail on a: what b told of it, and where its jobs are listed.
+            await row.get_by_test_id("open-worker-w-on-b").click()
+            card = page.get_by_test_id("worker-detail")
+            await expect(card).to_have_attribute("data-state", "elsewhere")
+            await expect(page.get_by_test_id("worker-detail-count")).to_have_text("1 in hand")
+            await expect(page.get_by_test_id("worker-detail-note")).to_contain_text(b.url)
+            await expect(page.get_by_test_id("held-table")).to_be_hidden()
             release.set()
         await expect(page.get_by_test_id("worker-row-w-on-b")).to_have_count(0)
     assert tab.seen.errors == []
