@@ -59,6 +59,7 @@ import anyio
 
 from ._errors import ConveyorError, InvalidArgument, Unavailable
 from ._session import Session
+from ._tasks import TaskMaker
 from ._types import Fail, Job, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
 
@@ -232,6 +233,23 @@ class Worker:
             return fn
 
         return register
+
+    def task(self, queue: str, *, timeout_s: float | None = None) -> TaskMaker:
+        """Register a typed function as the handler of ``queue``'s jobs, each job's
+        payload its keyword arguments (and the ``Job`` as its first argument, if that
+        is named ``job``); the ``Task`` it returns enqueues calls of it
+        (``await send_email.enqueue(to="a@b.c")``): see ``_tasks``. ``timeout_s`` as for
+        ``handler``."""
+        if timeout_s is not None:
+            check_timeout(timeout_s)
+        return TaskMaker(self, queue, timeout_s)
+
+    def close_tasks_client(self) -> None:
+        """Close the client the tasks' ``enqueue`` made (if any; also done at exit). The
+        next ``enqueue`` makes another."""
+        client, self._publisher = self._publisher, None
+        if client is not None:
+            client.close()
 
     @property
     def handlers(self) -> Mapping[str, Handler]:
