@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+from worker import build_report  # examples/worker.py: a task, enqueued by calling it
+
 from conveyor.sdk import Client
 
 URL = os.environ.get("CONVEYOR_URL", "ws://127.0.0.1:8765")
@@ -17,6 +19,9 @@ async def main() -> None:
             print("enqueued", job_id)
         later = await client.enqueue("emails", {"to": "later@example.com"}, delay_s=2)
         print("enqueued", later, "(runs in 2 s)")
+        # A task's arguments are checked against its signature before anything is sent.
+        report = await build_report.options(client=client).enqueue(month=3)
+        print("enqueued", report, "(a task)")
         print(await client.stats("emails"))
 
 

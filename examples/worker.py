@@ -1,4 +1,4 @@
-"""A worker for the ``emails`` queue: ``conveyor worker examples.worker:worker``.
+"""A worker for the ``emails`` and ``reports`` queues: ``conveyor worker examples.worker:worker``.
 
 Stop it with Ctrl-C: it finishes the jobs it is running first (a second Ctrl-C quits at
 once).
@@ -21,3 +21,10 @@ async def send_email(job: Job) -> None:
         raise Fail(f"not an address: {address!r}")  # dead-lettered at once, no retries
     await asyncio.sleep(0.1)  # stands for the real work
     print(f"sent to {address} (attempt {job.attempt} of {job.max_attempts})", flush=True)
+
+
+@worker.task("reports", timeout_s=30)  # retried if it runs past 30 s
+async def build_report(month: int, fmt: str = "pdf") -> None:
+    """A task: enqueued as ``await build_report.enqueue(month=3)`` (examples/publisher.py)."""
+    await asyncio.sleep(0.1)
+    print(f"report for month {month} as {fmt}", flush=True)

@@ -335,6 +335,7 @@ def test_enqueue_defaults_filled() -> None:
         "max_attempts": None,
         "backoff_base_s": None,
         "key": None,
+        "timeout_s": None,
     }
 
 
@@ -438,6 +439,7 @@ def test_batch_entries_checked_with_paths() -> None:
             "max_attempts": None,
             "backoff_base_s": None,
             "key": "k",
+            "timeout_s": None,
         }
     ]
     frame["jobs"] = []
@@ -603,6 +605,7 @@ class FakeJob:
     key: str | None = None
     seq: int = 1
     lease: str = "secret"
+    timeout_s: float | None = 45.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -616,6 +619,7 @@ class FakeClaim:
     deadline: float = 160.0
     priority: int = 3
     visibility_timeout_s: float = 30.0
+    timeout_s: float | None = None
 
 
 def test_pushed_job_and_jobs_push() -> None:
@@ -633,14 +637,17 @@ def test_pushed_job_and_jobs_push() -> None:
         "deadline": 160.0,
         "priority": 3,
         "visibility_timeout_s": 30.0,
+        "timeout_s": None,
     }
     assert len(frame["jobs"]) == 2
+    assert wire.pushed_job(FakeClaim(timeout_s=2.5))["timeout_s"] == 2.5
 
 
 def test_job_info_hides_lease_and_seq() -> None:
     info = decode(encode(wire.job_info(FakeJob())))
     assert tuple(info) == wire.JOB_INFO_FIELDS
     assert info["payload"] == {"to": "a@b.c"} and info["state"] == "processing"
+    assert info["timeout_s"] == 45.0
     assert "lease" not in info and "seq" not in info
 
 

@@ -99,6 +99,7 @@ _OPTION_NAMES = (
     "max_attempts",
     "backoff_base_s",
     "key",
+    "timeout_s",
 )
 
 
@@ -175,6 +176,7 @@ def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
         spec["max_attempts"],
         spec["backoff_base_s"],
         spec["key"],
+        spec["timeout_s"],
     )
 
 

@@ -12,6 +12,9 @@
     @worker.handler("emails")
     async def send(job: Job) -> None: ...
 
+    @worker.task("reports")  # a typed function; then `await build.enqueue(month=3)`
+    async def build(month: int, fmt: str = "pdf") -> None: ...
+
     await worker.run()
 
     # In your own PostgreSQL transaction, when the broker keeps its table there:
@@ -40,6 +43,7 @@ from ._errors import (
     UnknownOp,
     UnsupportedVersion,
 )
+from ._tasks import Task
 from ._types import Fail, Job, JobInfo, Retry
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
@@ -61,6 +65,7 @@ __all__ = [
     "NotFound",
     "Retry",
     "SyncClient",
+    "Task",
     "TooLarge",
     "Unauthorized",
     "Unavailable",

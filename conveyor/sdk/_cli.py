@@ -5,7 +5,7 @@
 URLs of brokers sharing one job table fail over between them) with ``--token``
 (``CONVEYOR_TOKEN``), prints JSON on stdout, and exits 0 on success, 1 when the broker
 refused or could not be reached, 2 for bad arguments; errors go to stderr in one line.
-``worker`` takes ``--url`` (or ``CONVEYOR_URL``) too, in place of the ``Worker``'s own.
+``worker`` (``_cli_worker``) takes ``--url`` too, in place of the ``Worker``'s own.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import logging
 import os
 import sys
@@ -22,10 +21,8 @@ from typing import Any
 
 from ._client import Client
 from ._errors import ConnectionFailed, ConveyorError
-from ._loop import LOOP_HELP, LOOPS, UVLOOP_MISSING, loop_factory, loop_problem
 from ._urls import DEFAULT_URL, brokers, parse_urls
 from ._wire import WireError, decode_value, encode
-from ._worker import Worker
 
 __all__ = ["add_client_commands"]
 
@@ -110,65 +107,12 @@ async def _job(client: Client, job_id: str) -> Any:
     return None if info is None else dataclasses.asdict(info)
 
 
-def _load_worker(target: str) -> Worker:
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise SystemExit(f"conveyor: worker target must look like module.path:name, got {target!r}")
-    sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise SystemExit(f"conveyor: cannot import {module_name!r}: {exc}") from None
-    worker = getattr(module, attribute, None)
-    if not isinstance(worker, Worker):
-        raise SystemExit(f"conveyor: {target} is not a sdk.Worker (got {type(worker).__name__})")
-    return worker
-
-
-def _worker(args: argparse.Namespace) -> int:
-    choice = args.loop or os.environ.get("CONVEYOR_LOOP") or "auto"
-    problem = loop_problem(choice)
-    if problem is not None:
-        print(f"conveyor: {problem}", file=sys.stderr)
-        return 2
-    try:
-        factory = loop_factory(choice)
-    except ImportError:
-        print(UVLOOP_MISSING, file=sys.stderr)
-        return 2
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    worker = _load_worker(args.target)
-    if args.url is not None:
-        worker.urls = args.url
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(worker.run())
-    except ConveyorError as exc:
-        print(f"conveyor: {exc.code}: {exc.message}", file=sys.stderr)
-        return 1
-    return 0
-
-
 def add_client_commands(commands: Any) -> None:
     """Add the client subcommands to ``conveyor``'s subparsers."""
-    worker = commands.add_parser("worker", help="run a Worker defined in your code")
-    worker.add_argument("target", help="module.path:name of a sdk.Worker object")
-    # uvloop by default, as the broker: a busy worker takes more jobs per second on it
-    # than on asyncio's loop (docs/benchmarks.md).
-    worker.add_argument(
-        "--loop",
-        choices=LOOPS,
-        help=LOOP_HELP,
-    )
-    worker.add_argument(
-        "--url",
-        type=_urls,
-        default=os.environ.get("CONVEYOR_URL") or None,
-        help=f"{URL_HELP} (CONVEYOR_URL; default: the Worker's own)",
-    )
-    worker.set_defaults(run=_worker)
+    # (In a module of its own: it has flags and a runtime of its own.)
+    from ._cli_worker import add_worker_command
+
+    add_worker_command(commands, _urls, URL_HELP)
 
     enqueue = commands.add_parser("enqueue", help="enqueue one job")
     enqueue.add_argument("queue")

@@ -190,9 +190,11 @@ class Client:
         max_attempts: int | None = None,
         backoff_base_s: float | None = None,
         key: str | None = None,
+        timeout_s: float | None = None,
     ) -> str:
         """Store one job; return its id. Options as in ``docs/contract.md`` (ENQ-2 to
-        ENQ-9); ``None``: not set.
+        ENQ-9); ``None``: not set. ``timeout_s``: the handler's time limit for this job,
+        in seconds (it wins over the handler's and the queue's: ``docs/worker.md``).
 
         Without a ``key`` the SDK makes one, so that a request resent after a lost reply
         is stored once. Enqueues made concurrently (tasks, or a ``SyncClient``'s threads)
@@ -220,6 +222,8 @@ class Client:
             job["max_attempts"] = max_attempts
         if backoff_base_s is not None:
             job["backoff_base_s"] = _finite("backoff_base_s", backoff_base_s)
+        if timeout_s is not None:
+            job["timeout_s"] = _finite("timeout_s", timeout_s)
         if len(encoded) > EACH_BYTES:
             # A large payload goes alone, as plain `enqueue`: its frame stays as small as
             # it can be under the broker's frame limit.
@@ -240,6 +244,7 @@ class Client:
         visibility_timeout_s: float | None = None,
         max_attempts: int | None = None,
         backoff_base_s: float | None = None,
+        timeout_s: float | None = None,
     ) -> list[str]:
         """Store many jobs with the same options; return their ids in order.
 
@@ -258,6 +263,7 @@ class Client:
             visibility_timeout_s=visibility_timeout_s,
             max_attempts=max_attempts,
             backoff_base_s=backoff_base_s,
+            timeout_s=timeout_s,
         )
         jobs = [
             {"payload": _payload(p, f"jobs[{i}].payload"), "key": _auto_key(), **options}

@@ -118,6 +118,7 @@ class Session:
         request_timeout: float = 30.0,
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 10.0,
+        log_connects: bool = True,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
@@ -127,6 +128,12 @@ class Session:
         self._order = connection_order(self.urls, shuffle=shuffle, rng=self._rng)
         self._current: str | None = None  # the URL of the connection, while it is ready
         self._connections = 0  # how many became ready (for the log)
+        # The URL being connected to, from before hello until the next attempt: what
+        # on_connect may name (``url`` is set only once it is done).
+        self.connecting_url: str | None = None
+        # False: an owner that logs each connection its own way (the worker); an outage's
+        # end is still logged here, at WARNING.
+        self.log_connects = log_connects
         self.token = token
         self.client_name = client_name
         self.on_connect = on_connect
@@ -560,6 +567,7 @@ class Session:
 
     async def _serve(self, ws: Socket, url: str, outage_since: float | None) -> None:
         self._ws = ws
+        self.connecting_url = url
         reader = asyncio.get_running_loop().create_task(self._read(ws))
         try:
             hello: dict[str, Any] = {"client": self.client_name}
@@ -581,7 +589,8 @@ class Session:
             verb = "reconnected" if self._connections else "connected"
             self._connections += 1
             if outage_since is None:
-                log.info("%s to the broker at %s", verb, url)
+                if self.log_connects:
+                    log.info("%s to the broker at %s", verb, url)
             else:
                 outage = asyncio.get_running_loop().time() - outage_since
                 log.warning("%s to the broker at %s after %.1f s", verb, url, outage)

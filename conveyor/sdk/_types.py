@@ -35,6 +35,7 @@ class JobInfo:
     last_error: str | None
     died_at: float | None
     key: str | None
+    timeout_s: float | None = None  # the job's own time limit (seconds), if it has one
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:
@@ -48,7 +49,9 @@ class Job:
 
     ``attempt`` counts from 1; ``deadline`` is when the lease ends (broker clock, epoch
     seconds). The worker heartbeats running jobs by itself; ``await job.heartbeat()``
-    extends the lease at once and answers whether it still held.
+    extends the lease at once and answers whether it still held. ``timeout_s`` is the
+    job's own time limit, given at enqueue (``None``: not set; the handler's or the
+    queue's limit, if any, applies: ``docs/worker.md``).
     """
 
     id: str
@@ -61,6 +64,7 @@ class Job:
     priority: int
     visibility_timeout_s: float
     _heartbeat: Callable[[], Awaitable[bool]] = field(repr=False, compare=False)
+    timeout_s: float | None = None
 
     async def heartbeat(self) -> bool:
         """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""

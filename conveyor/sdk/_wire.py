@@ -538,6 +538,8 @@ _JOB_OPTIONS = (
     Field("max_attempts", Kind.INTEGER),
     Field("backoff_base_s", Kind.NUMBER),
     Field("key", Kind.STRING),
+    # The handler's time limit for this job, carried in its push (docs/worker.md).
+    Field("timeout_s", Kind.NUMBER),
 )
 _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
 
@@ -981,6 +983,8 @@ class JobSnapshot(Protocol):
     def died_at(self) -> float | None: ...
     @property
     def key(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float | None: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1004,6 +1008,8 @@ class ClaimSnapshot(Protocol):
     def priority(self) -> int: ...
     @property
     def visibility_timeout_s(self) -> float: ...
+    @property
+    def timeout_s(self) -> float | None: ...
 
 
 #: The members of a job object in a ``get_job`` reply, in order (docs/protocol.md, "get_job").
@@ -1028,6 +1034,7 @@ JOB_INFO_FIELDS: Final = (
     "last_error",
     "died_at",
     "key",
+    "timeout_s",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1041,6 +1048,7 @@ PUSHED_JOB_FIELDS: Final = (
     "deadline",
     "priority",
     "visibility_timeout_s",
+    "timeout_s",
 )
 
 
@@ -1065,6 +1073,7 @@ def job_info(job: JobSnapshot) -> dict[str, Any]:
         "last_error": job.last_error,
         "died_at": job.died_at,
         "key": job.key,
+        "timeout_s": job.timeout_s,
     }
 
 
@@ -1084,6 +1093,7 @@ def pushed_job(claim: ClaimSnapshot) -> dict[str, Any]:
         "deadline": claim.deadline,
         "priority": claim.priority,
         "visibility_timeout_s": claim.visibility_timeout_s,
+        "timeout_s": claim.timeout_s,
     }
 
 

@@ -13,7 +13,20 @@ reported when its handler ends:
 * it raises ``Fail(error)``: ``fail`` (dead-lettered at once);
 * it raises anything else: ``retry`` with the error ``"<Type>: <message>"``;
 * the broker cancels the job (a ``cancelled`` push): the handler is cancelled and
-  nothing is reported (the job is gone).
+  nothing is reported (the job is gone);
+* it runs past its time limit (the job's ``timeout_s``, else the handler's, else the
+  queue's in ``timeouts``; none by default): ``retry`` with the error ``TimeoutError:
+  handler ran past its 30 s time limit``, at once. An async handler's task is cancelled
+  and not waited for; a plain ``def`` handler's thread cannot be stopped and runs on in
+  the background, its result ignored. Without a limit a hung handler's lease is
+  heartbeaten for ever.
+
+Logging (the standard ``logging`` module, so configure it to see them): the logger
+``conveyor.worker`` says when the worker is connected (its broker, queues, prefetch),
+and ``conveyor.worker.jobs`` one line as each job ends: INFO for ``ok``, an explicit
+``Retry`` and a retry's ``dead after N attempts``, WARNING for a ``Fail`` and a time
+limit, ERROR with the traceback for a handler's exception. Whether INFO is on is asked
+once per pushed frame: with it off a job's end costs no clock read and no formatting.
 
 A job stays "held" until the broker has answered its report, so that after a
 reconnect the worker re-attaches the leases of running and not-yet-reported jobs in
@@ -32,24 +45,31 @@ import contextlib
 import functools
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import anyio
 
 from ._errors import ConveyorError, InvalidArgument, Unavailable
 from ._session import Session
+from ._tasks import TaskMaker
 from ._types import Fail, Job, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
 
 __all__ = ["Handler", "Worker"]
 
 log = logging.getLogger("conveyor.worker")
+# One line per job's end (see the module docstring): a child, so that configuring
+# "conveyor.worker" covers it, and it can be quietened on its own.
+jobs_log = logging.getLogger("conveyor.worker.jobs")
+_INFO, _WARNING, _ERROR = logging.INFO, logging.WARNING, logging.ERROR
 
 # An ack the broker could not take (unavailable) is sent again after these waits, doubling.
 _ACK_RETRY_FIRST_S = 0.05
@@ -59,6 +79,27 @@ _MAX_BATCH = 1000
 
 Handler = Callable[[Job], Awaitable[None]] | Callable[[Job], None]
 H = TypeVar("H", bound=Handler)
+
+
+class HandlerTimeout(Exception):
+    """What a job's retry says when its handler ran past its time limit."""
+
+    def __init__(self, limit_s: float) -> None:
+        super().__init__(f"handler ran past its {limit_s:g} s time limit")
+        self.limit_s = limit_s
+
+
+def check_timeout(value: Any, field: str = "timeout_s") -> float:
+    """``value`` as a time limit: a finite number > 0 (never a bool), else
+    ``InvalidArgument`` naming ``field``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgument(f"{field}: must be a finite number > 0, got {value!r}", field=field)
+    return float(value)
 
 
 def _default_worker_id() -> str:
@@ -81,6 +122,9 @@ class Worker:
     When that broker dies the worker moves on to the next at once, subscribes there and
     re-attaches the leases of the jobs it still holds (they stay valid in the shared
     table until their deadline).
+
+    ``timeouts`` maps a queue to its handler's time limit in seconds (the queue level:
+    a handler's ``timeout_s`` and a job's own win over it; see the module docstring).
     """
 
     def __init__(
@@ -94,6 +138,7 @@ class Worker:
         shutdown_timeout_s: float = 30.0,
         name: str = "conveyor-python-worker",
         shuffle_urls: bool = True,
+        timeouts: Mapping[str, float] | None = None,
     ) -> None:
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise InvalidArgument(
@@ -108,7 +153,22 @@ class Worker:
         self.token = token
         self.shutdown_timeout_s = shutdown_timeout_s
         self.name = name
+        # Read by run(): set before it, as `conveyor worker --queues` sets the queues.
+        self.timeouts: dict[str, float] = {
+            queue: check_timeout(limit, f"timeouts[{queue!r}]")
+            for queue, limit in (timeouts or {}).items()
+        }
         self._handlers: dict[str, Handler] = {}
+        self._handler_timeouts: dict[str, float] = {}  # queue -> its handler's timeout_s
+        # queue -> the limit for its jobs that bring none: the handler's, else the queue's
+        # (made by run(); one look-up per job).
+        self._limits: dict[str, float] = {}
+        # Tasks of handlers that ran past their limit: cancelled, not waited for.
+        self._abandoned: set[asyncio.Future[Any]] = set()
+        # Whether jobs_log takes INFO: asked once per pushed frame, not per job.
+        self._timed = False
+        self._connects = 0  # connections made (for the log)
+        self._publisher: Any = None  # the tasks' shared client (see _tasks.py)
         # The async handlers again, by queue: which handler is a coroutine function is found
         # once at registration, not by inspect.iscoroutinefunction per job (a busy
         # worker's profile showed it).
@@ -132,7 +192,7 @@ class Worker:
         self._session: Session | None = None
         # job id -> (when its ack was first not taken, the wait before the next try)
         self._ack_retries: dict[str, tuple[float, float]] = {}
-        self._limiter = anyio.CapacityLimiter(prefetch)
+        self._limiter: anyio.CapacityLimiter | None = None  # made by run(): prefetch threads
         self._stopping = False
         self._fatal: ConveyorError | None = None  # a refusal that ended run()
         self._beats: dict[str, tuple[float, Job]] = {}  # running job -> (next beat, job)
@@ -151,8 +211,12 @@ class Worker:
 
     # -- registration ---------------------------------------------------------------------
 
-    def handler(self, queue: str) -> Callable[[H], H]:
-        """Register the function that handles jobs of ``queue`` (async or plain)."""
+    def handler(self, queue: str, *, timeout_s: float | None = None) -> Callable[[H], H]:
+        """Register the function that handles jobs of ``queue`` (async or plain), with
+        its time limit ``timeout_s`` in seconds (``None``: the queue's in ``timeouts``,
+        if any). A job's own ``timeout_s`` wins over both. Raises ``InvalidArgument``
+        for a limit that is not a finite number > 0."""
+        limit = None if timeout_s is None else check_timeout(timeout_s)
 
         def register(fn: H) -> H:
             self._handlers[queue] = fn
@@ -160,11 +224,37 @@ class Worker:
                 self._async_handlers[queue] = fn
             else:
                 self._async_handlers.pop(queue, None)
+            if limit is None:
+                self._handler_timeouts.pop(queue, None)
+            else:
+                self._handler_timeouts[queue] = limit
             if queue not in self.queues:
                 self.queues.append(queue)
             return fn
 
         return register
+
+    def task(self, queue: str, *, timeout_s: float | None = None) -> TaskMaker:
+        """Register a typed function as the handler of ``queue``'s jobs, each job's
+        payload its keyword arguments (and the ``Job`` as its first argument, if that
+        is named ``job``); the ``Task`` it returns enqueues calls of it
+        (``await send_email.enqueue(to="a@b.c")``): see ``_tasks``. ``timeout_s`` as for
+        ``handler``."""
+        if timeout_s is not None:
+            check_timeout(timeout_s)
+        return TaskMaker(self, queue, timeout_s)
+
+    def close_tasks_client(self) -> None:
+        """Close the client the tasks' ``enqueue`` made (if any; also done at exit). The
+        next ``enqueue`` makes another."""
+        client, self._publisher = self._publisher, None
+        if client is not None:
+            client.close()
+
+    @property
+    def handlers(self) -> Mapping[str, Handler]:
+        """The registered handlers by queue (read-only)."""
+        return MappingProxyType(self._handlers)
 
     # -- running --------------------------------------------------------------------------
 
@@ -179,6 +269,21 @@ class Worker:
                 f"queues: no handler for {missing or 'any queue'}; use @worker.handler(queue)",
                 field="queues",
             )
+        if (
+            isinstance(self.prefetch, bool)
+            or not isinstance(self.prefetch, int)
+            or self.prefetch < 1
+        ):
+            raise InvalidArgument(
+                f"prefetch: must be an int >= 1, got {self.prefetch!r}", field="prefetch"
+            )
+        self._limits = {
+            queue: limit
+            for queue in self.queues
+            if (limit := self._handler_timeouts.get(queue, self.timeouts.get(queue))) is not None
+        }
+        self._limiter = anyio.CapacityLimiter(self.prefetch)
+        self._connects = 0
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         self._stopping = False
@@ -191,6 +296,7 @@ class Worker:
             client_name=self.name,
             on_connect=self._subscribe,
             on_push=self._on_push,
+            log_connects=False,  # _subscribe says more
         )
         self._session = session
         signals = self._install_signals()
@@ -277,6 +383,8 @@ class Worker:
         """``run()`` is ending: cancel every job task and ack reply still awaited, and wait for
         them to end."""
         self._killing = True
+        for abandoned in self._abandoned:
+            abandoned.cancel()  # (again: not waited for)
         tasks = [*self._tasks.values(), *self._senders]
         for task in tasks:
             task.cancel()
@@ -300,6 +408,18 @@ class Worker:
             },
             resend=False,
         )
+        self._connects += 1
+        hello = session.hello
+        server = " ".join(str(hello[k]) for k in ("server", "version") if hello.get(k))
+        log.info(
+            "worker %s %s %s%s; queues %s; prefetch %d",
+            self.worker_id,
+            "reconnected to" if self._connects > 1 else "connected to",
+            session.connecting_url,
+            f" ({server})" if server else "",
+            ", ".join(self.queues),
+            self.prefetch,
+        )
         lost = {job["id"] for job in leases} - set(reply.get("reattached", []))
         if lost:
             log.warning("%d job lease(s) lapsed during the outage; they run again", len(lost))
@@ -309,6 +429,7 @@ class Worker:
     def _on_push(self, frame: dict[str, Any]) -> None:
         kind = frame.get("push")
         if kind == "jobs" and self._task_group is not None:
+            self._timed = jobs_log.isEnabledFor(_INFO)
             for data in frame.get("jobs", []):
                 job = self._job(data)
                 held = self._held.get(job.id)
@@ -357,6 +478,7 @@ class Worker:
             priority=data.get("priority", 0),
             visibility_timeout_s=data.get("visibility_timeout_s", 300.0),
             _heartbeat=heartbeat,
+            timeout_s=data.get("timeout_s"),
         )
 
     # -- one job --------------------------------------------------------------------------
@@ -405,25 +527,106 @@ class Worker:
     async def _call_handler(self, job: Job) -> tuple[str, dict[str, Any]]:
         queue = job.queue
         self._schedule_beat(job)
+        timed = self._timed
+        loop = self._loop
+        assert loop is not None
+        started = loop.time() if timed else 0.0
         try:
-            if (run := self._async_handlers.get(queue)) is not None:
+            limit = job.timeout_s or self._limits.get(queue)
+            if limit is not None:
+                await self._call_limited(job, limit)
+            elif (run := self._async_handlers.get(queue)) is not None:
                 await run(job)
             else:  # a plain function: on a thread, as many at once as the prefetch
                 await anyio.to_thread.run_sync(
                     self._handlers[queue], job, limiter=self._limiter, abandon_on_cancel=True
                 )
             outcome: tuple[str, dict[str, Any]] = ("ack", {})
+            if timed:
+                jobs_log.info("job %s %s ok in %s", job.id, queue, _took(loop.time() - started))
         except Retry as retry:
             outcome = ("retry", {"delay_s": retry.delay_s, "error": retry.error})
+            if timed:
+                self._log_retry(_INFO, job, loop.time() - started, retry.error or "retry",
+                                retry.delay_s)  # fmt: skip
         except Fail as fail:
             outcome = ("fail", {"error": fail.error})
+            if jobs_log.isEnabledFor(_WARNING):
+                took = f" in {_took(loop.time() - started)}" if timed else ""
+                jobs_log.warning(
+                    "job %s %s failed%s (dead-lettered): %s", job.id, queue, took,
+                    fail.error or "failed",
+                )  # fmt: skip
+        except HandlerTimeout as exc:
+            error = f"TimeoutError: {exc}"
+            outcome = ("retry", {"error": error})
+            if jobs_log.isEnabledFor(_WARNING):
+                self._log_retry(_WARNING, job, exc.limit_s, error)
         except Exception as exc:
-            log.exception("handler for %s failed on job %s", job.queue, job.id)
-            outcome = ("retry", {"error": f"{type(exc).__name__}: {exc}"})
+            error = f"{type(exc).__name__}: {exc}"
+            outcome = ("retry", {"error": error})
+            if jobs_log.isEnabledFor(_ERROR):
+                spent = loop.time() - started if timed else None
+                self._log_retry(_ERROR, job, spent, error, exc_info=exc)
         finally:
             self._beats.pop(job.id, None)
         self.handled += 1
         return outcome
+
+    async def _call_limited(self, job: Job, limit: float) -> None:
+        """Run ``job``'s handler for at most ``limit`` seconds; raise ``HandlerTimeout``
+        past it, without waiting for the handler to notice: it runs in a task of its own
+        (only jobs with a limit pay for that task), cancelled and left behind."""
+        loop = self._loop
+        assert loop is not None
+        queue = job.queue
+        if (run := self._async_handlers.get(queue)) is not None:
+            inner: asyncio.Future[Any] = asyncio.ensure_future(run(job), loop=loop)
+        else:  # a thread cannot be stopped: cancelling abandons it, and it runs on
+            call = anyio.to_thread.run_sync(
+                self._handlers[queue], job, limiter=self._limiter, abandon_on_cancel=True
+            )
+            inner = loop.create_task(call, name="conveyor-handler")
+        try:
+            done, _ = await asyncio.wait((inner,), timeout=limit)
+        except asyncio.CancelledError:  # the broker's cancel, or shutdown: the handler too
+            inner.cancel()
+            raise
+        if not done:
+            inner.cancel()
+            self._abandoned.add(inner)
+            inner.add_done_callback(self._forget)
+            raise HandlerTimeout(limit)
+        inner.result()  # (the handler's exception, if it raised)
+
+    def _forget(self, task: asyncio.Future[Any]) -> None:
+        """An abandoned handler ended at last: its outcome no longer counts."""
+        self._abandoned.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not warn of it
+
+    def _log_retry(
+        self,
+        level: int,
+        job: Job,
+        took: float | None,
+        error: str,
+        delay_s: float | None = None,
+        exc_info: BaseException | None = None,
+    ) -> None:
+        """The end line of a job to be retried: ``retry (attempt 2/5)``, or ``dead
+        after 5 attempts`` when that was its last."""
+        took_s = "" if took is None else f" in {_took(took)}"
+        if job.attempt >= job.max_attempts:
+            outcome = f"dead after {job.attempt} attempts{', the last' if took_s else ''}"
+        else:
+            outcome = f"retry (attempt {job.attempt}/{job.max_attempts})"
+            if delay_s is not None:
+                took_s += f", again in {_took(delay_s)}"
+        jobs_log.log(
+            level, "job %s %s %s%s: %s", job.id, job.queue, outcome, took_s, error,
+            exc_info=exc_info,
+        )  # fmt: skip
 
     # -- lease heartbeats: one loop for every running job ---------------------------------
 
@@ -550,6 +753,13 @@ class Worker:
             return
         if not reply.get("landed"):
             log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _took(seconds: float) -> str:
+    """A duration for the log: ``12.3 ms`` under a second, else ``1.2 s``."""
+    if seconds < 1.0:
+        return f"{seconds * 1000:.1f} ms"
+    return f"{seconds:.1f} s"
 
 
 def _beat_interval(job: Job) -> float:

@@ -48,6 +48,7 @@ _CASTS = (
     ("max_attempts", "numeric"),
     ("backoff_base_s", "float8"),
     ("key", "text"),
+    ("timeout_s", "float8"),
 )
 _PSYCOPG_SQL = (
     "SELECT conveyor_enqueue(%s::text, %s::json, "
@@ -86,6 +87,7 @@ def enqueue_tx(
     max_attempts: int | None = None,
     backoff_base_s: float | None = None,
     key: str | None = None,
+    timeout_s: float | None = None,
 ) -> str:
     """Store one job in ``conn``'s current transaction (a psycopg 3 connection or
     cursor); return its id. The job is there for the brokers when that transaction
@@ -100,7 +102,7 @@ def enqueue_tx(
     """
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key,
+        max_attempts, backoff_base_s, key, timeout_s,
     )  # fmt: skip
     if _driver(conn) != "psycopg" or inspect.iscoroutinefunction(conn.execute):
         raise TypeError(
@@ -128,13 +130,14 @@ async def enqueue_tx_async(
     max_attempts: int | None = None,
     backoff_base_s: float | None = None,
     key: str | None = None,
+    timeout_s: float | None = None,
 ) -> str:
     """``enqueue_tx`` on a psycopg 3 ``AsyncConnection`` (or ``AsyncCursor``) or an
     asyncpg connection (or a pool's connection): the job is stored in the connection's
     current transaction."""
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key,
+        max_attempts, backoff_base_s, key, timeout_s,
     )  # fmt: skip
     try:
         if _is_asyncpg(conn):
@@ -185,6 +188,7 @@ def _params(
     max_attempts: Any,
     backoff_base_s: Any,
     key: Any,
+    timeout_s: Any,
 ) -> tuple[Any, ...]:
     """The function's arguments, in its order. Here are only the checks SQL's types
     cannot make (a bool or a float where an int belongs, a string PostgreSQL cannot
@@ -204,6 +208,7 @@ def _params(
         None if max_attempts is None else _int("max_attempts", max_attempts),
         _float("backoff_base_s", backoff_base_s),
         _text("key", key, null=True),
+        _float("timeout_s", timeout_s),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conveyor.broker.backend import Enqueue, Report
+from conveyor.broker.egress import Out
 from conveyor.broker.engine import InvalidArgument, JobState, NewJob, QueueOpts
 
 from .conftest import START, Rig
@@ -119,3 +120,39 @@ async def test_enqueue_tells_the_listener_of_work(rig: Rig) -> None:
     rig.heard.forget()
     await rig.put("mail")
     assert rig.heard.told_work("mail")
+
+
+async def test_a_jobs_time_limit_is_kept_and_handed_out_with_each_claim(durable: Rig) -> None:
+    """``timeout_s`` (JOB-3): stored as given, ``None`` when not, carried by the claim for
+    the worker to enforce, and kept across a restart."""
+    limited = await durable.put("q", 1, timeout_s=2.5)
+    plain = await durable.put("q", 2)
+    (batch,) = await durable.backend.enqueue_all("q", [NewJob(3, timeout_s=7.0)])
+    job = await durable.job(limited)
+    assert job is not None and job.timeout_s == 2.5
+    none = await durable.job(plain)
+    assert none is not None and none.timeout_s is None
+    got = {claim.id: claim.timeout_s for claim in await durable.take(n=3)}
+    assert got == {limited: 2.5, plain: None, batch: 7.0}
+    await durable.through_gate(Out.PUSH)
+    assert [j.timeout_s if j else "gone" for j in await durable.on_disk([limited, plain])] == [
+        2.5,
+        None,
+    ]
+
+
+async def test_a_bad_time_limit_is_refused_naming_it_enq_9(rig: Rig) -> None:
+    results = await rig.backend.enqueue(
+        [
+            Enqueue("q", 1, timeout_s=0.0),
+            Enqueue("q", 2, timeout_s=float("inf")),
+            Enqueue("q", 3, timeout_s=True),
+        ]
+    )
+    assert all(isinstance(r, InvalidArgument) and r.field == "timeout_s" for r in results)
+    try:
+        await rig.backend.enqueue_all("q", [NewJob(1), NewJob(2, timeout_s=-1.0)])
+    except InvalidArgument as exc:
+        assert exc.field == "jobs[1].timeout_s"
+    else:
+        raise AssertionError("timeout_s -1 was accepted")

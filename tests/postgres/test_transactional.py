@@ -472,6 +472,10 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"max_attempts": False}, "max_attempts"),
     ({"backoff_base_s": -1.0}, "backoff_base_s"),
     ({"backoff_base_s": 3600.5}, "backoff_base_s"),  # over the queue's backoff_max_s
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"timeout_s": -2.5}, "timeout_s"),
+    ({"timeout_s": math.inf}, "timeout_s"),
+    ({"timeout_s": True}, "timeout_s"),
     ({"key": "k" * 1025}, "key"),
     ({"key": 5}, "key"),
     ({"key": "\ud800"}, "key"),
@@ -555,6 +559,8 @@ SQL_REFUSED: list[tuple[str, str, str]] = [
      "invalid_argument: max_attempts: must be >= 1, got 0"),
     ("'q', '1', backoff_base_s => 'NaN'", "backoff_base_s",
      "invalid_argument: backoff_base_s: must be finite"),
+    ("'q', '1', timeout_s => 0", "timeout_s",
+     "invalid_argument: timeout_s: must be > 0, got 0"),
     ("'q', '1', key => repeat('k', 1025)", "key",
      "invalid_argument: key: must be at most 1024 characters, got 1025"),
     ("'q', NULL", "payload", "invalid_argument: payload: must be JSON, got SQL NULL"),
@@ -597,6 +603,8 @@ async def test_edge_values_are_stored_as_the_backend_stores_them(
         {"payload": "\x00 nul and ü"},
         {"payload": None},
         {"backoff_base_s": 3600},
+        {"timeout_s": 0.25},
+        {"timeout_s": 1e9},
     ]
     for overrides in cases:
         name = _fresh_queue()
@@ -617,7 +625,7 @@ def _comparable(job: Job, *, at: bool = False) -> dict[str, Any]:
         for name in (
             "state", "priority", "attempts", "max_attempts", "visibility_timeout_s",
             "backoff_base_s", "backoff_max_s", "worker_id", "deadline", "last_error",
-            "died_at", "key",
+            "died_at", "key", "timeout_s",
         )
     }  # fmt: skip
     fields["payload"] = _decoded(job.payload_json)
@@ -662,6 +670,7 @@ OVERRIDES = st.fixed_dictionaries(
         "max_attempts": st.sampled_from([None, 1, 7, 0]),
         "backoff_base_s": st.sampled_from([None, 0.0, 3.0, 10_000.0]),
         "key": st.sampled_from([None, "", "k", "k" * 1025]),
+        "timeout_s": st.sampled_from([None, 30.0, 2, 0.0]),
     },
 )
 

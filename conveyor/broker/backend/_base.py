@@ -199,6 +199,7 @@ class Enqueue(NamedTuple):
     max_attempts: int | None = None
     backoff_base_s: float | None = None
     key: str | None = None
+    timeout_s: float | None = None
 
 
 class Claim(NamedTuple):
@@ -236,6 +237,11 @@ class Claimed(Protocol):
     def priority(self) -> int: ...
     @property
     def visibility_timeout_s(self) -> float: ...
+    @property
+    def timeout_s(self) -> float | None:
+        """The handler's time limit the enqueue gave, ``None`` for none."""
+        ...
+
     @property
     def ready_since(self) -> float:
         """When the job became claimable for this claim: its ready time, or its enqueue."""

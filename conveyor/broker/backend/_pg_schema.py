@@ -547,7 +547,94 @@ CREATE UNLOGGED TABLE conveyor_brokers (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5)
+
+def _changed(text: str, *edits: tuple[str, str]) -> str:
+    """``text`` with each ``(old, new)`` made, each ``old`` found exactly once: a later
+    version of a function is its earlier text with these edits, not a second copy."""
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise AssertionError(f"schema edit: {old!r} found {text.count(old)} times")
+        text = text.replace(old, new)
+    return text
+
+
+def _function(version: str, name: str) -> str:
+    """The text of function ``name`` as ``version`` made it (up to its closing ``$$;``)."""
+    start = version.index(f"FUNCTION {name}(")
+    start = version.rindex("CREATE", 0, start)
+    return version[start : version.index("END $$;", start) + len("END $$;")]
+
+
+# v6: a job's own handler time limit (``timeout_s``, docs/worker.md), stored with the
+# job and carried in its push: conveyor_claim returns it too, and conveyor_enqueue takes
+# it (checked as the engine checks it). A function's result or arguments cannot change
+# in place: each is dropped and made again, the same but for these edits. (Every broker
+# on the database must then be one that knows v6: an older one's claim reads one column
+# too many.)
+_V6 = (
+    """
+ALTER TABLE conveyor_jobs ADD COLUMN timeout_s float8;
+DROP FUNCTION conveyor_claim(text, text[], int, float8, text);
+"""
+    + _changed(
+        _function(_V1, "conveyor_claim"),
+        (
+            "ready_at float8, enqueued_at float8\n)",
+            "ready_at float8, enqueued_at float8,\n    timeout_s float8\n)",
+        ),
+        (
+            "j.deadline, j.priority, j.visibility_timeout_s, j.ready_at, j.enqueued_at\n",
+            "j.deadline, j.priority, j.visibility_timeout_s, j.ready_at, j.enqueued_at,\n"
+            "            j.timeout_s\n",
+        ),
+    )
+    + """
+DROP FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, float8, numeric,
+    float8, text);
+"""
+    + _changed(
+        _function(_V3, "conveyor_enqueue"),
+        (
+            "    key text DEFAULT NULL\n)",
+            "    key text DEFAULT NULL,\n    timeout_s float8 DEFAULT NULL\n)",
+        ),
+        (
+            "    k text := conveyor_enqueue.key;\n",
+            "    k text := conveyor_enqueue.key;\n"
+            "    lim_s float8 := conveyor_enqueue.timeout_s;\n",
+        ),
+        (
+            "    IF length(k) > 1024 THEN  -- LIM-1\n",
+            "    IF lim_s IS NOT NULL THEN\n"
+            "        IF conveyor_finite('timeout_s', lim_s) <= 0 THEN\n"
+            "            PERFORM conveyor_refuse('invalid_argument', 'timeout_s',\n"
+            "                'must be > 0, got ' || lim_s);\n"
+            "        END IF;\n"
+            "    END IF;\n"
+            "    IF length(k) > 1024 THEN  -- LIM-1\n",
+        ),
+        (
+            "            expires_at, key, sched)\n",
+            "            expires_at, key, timeout_s, sched)\n",
+        ),
+        (
+            "t + expires, k,\n            ready > t)",
+            "t + expires, k,\n            lim_s, ready > t)",
+        ),
+    )
+    + """
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, '
+        'float8, numeric, float8, text, float8) SET search_path = %I, pg_temp',
+        current_schema()
+    );
+END $$;
+"""
+)
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -132,7 +132,7 @@ FAILED = "failed"
 _JOB_COLUMNS = (
     "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
     "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
-    "last_error, died_at, key"
+    "last_error, died_at, key, timeout_s"
 )
 
 _QUEUE_OPTS = (
@@ -157,15 +157,15 @@ WITH src AS (
     FROM unnest(%(queue)s::text[], %(payload)s::bytea[], %(priority)s::int[],
                 %(attempts)s::int[], %(vis)s::float8[], %(base)s::float8[],
                 %(cap)s::float8[], %(ready_at)s::float8[], %(expires_at)s::float8[],
-                %(key)s::text[])
+                %(key)s::text[], %(timeout)s::float8[])
         WITH ORDINALITY AS s(queue, payload, priority, attempts, vis, base, cap, ready_at,
-                             expires_at, key, ord)
+                             expires_at, key, timeout, ord)
 ), ins AS (
     INSERT INTO conveyor_jobs (seq, queue, state, payload, priority, max_attempts,
         visibility_timeout_s, backoff_base_s, backoff_max_s, enqueued_at, ready_at,
-        expires_at, key, sched)
+        expires_at, key, timeout_s, sched)
     SELECT seq, queue, 'pending', payload, priority, attempts, vis, base, cap, %(now)s,
-        ready_at, expires_at, key, ready_at > %(now)s
+        ready_at, expires_at, key, timeout, ready_at > %(now)s
     FROM src ORDER BY ord
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
     RETURNING seq
@@ -362,6 +362,7 @@ class _Claimed:
     priority: int
     visibility_timeout_s: float
     ready_since: float
+    timeout_s: float | None
 
 
 class _Call(Generic[T]):
@@ -1122,12 +1123,14 @@ class PostgresBackend:
                 column: []
                 for column in (
                     "queue", "payload", "priority", "attempts", "vis", "base", "cap",
-                    "ready_at", "expires_at", "key",
+                    "ready_at", "expires_at", "key", "timeout",
                 )
             }  # fmt: skip
             for index in todo:
                 name, resolved, cap = jobs[index]
-                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key = resolved
+                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit = (
+                    resolved
+                )
                 if delay_s is not None:  # ENQ-5
                     ready_at = now + delay_s
                 elif run_at is not None:
@@ -1144,6 +1147,7 @@ class PostgresBackend:
                 columns["ready_at"].append(ready_at)
                 columns["expires_at"].append(None if expires_s is None else now + expires_s)
                 columns["key"].append(key)
+                columns["timeout"].append(limit)
                 if ready_at > now:
                     events.append(ready_at)
                 if expires_s is not None:
@@ -1200,6 +1204,7 @@ class PostgresBackend:
             job.max_attempts,
             job.backoff_base_s,
             job.key,
+            job.timeout_s,
         )
         return name, resolved, opts.backoff_max_s
 
@@ -1357,6 +1362,7 @@ class PostgresBackend:
             vis,
             ready_at,
             enqueued_at,
+            timeout_s,
         ) = row
         return _Claimed(
             id=self._id(seq),
@@ -1369,6 +1375,7 @@ class PostgresBackend:
             priority=priority,
             visibility_timeout_s=vis,
             ready_since=ready_at if ready_at > enqueued_at else enqueued_at,
+            timeout_s=timeout_s,
         )
 
     def _lease_batch(self, leases: Sequence[tuple[str, str]]) -> tuple[list[int], list[str]]:
@@ -1594,6 +1601,7 @@ class PostgresBackend:
             last_error,
             died_at,
             key,
+            timeout_s,
         ) = row
         return Job(
             id=self._id(seq),
@@ -1615,6 +1623,7 @@ class PostgresBackend:
             died_at=died_at,
             key=key,
             seq=seq,
+            timeout_s=timeout_s,
         )
 
     async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:

@@ -90,6 +90,7 @@ class _Row:
         "ready_at",
         "seq",
         "state",
+        "timeout_s",
         "visibility_timeout_s",
         "worker_id",
     )
@@ -108,6 +109,7 @@ class _Row:
         ready_at: float,
         expires_at: float | None,
         key: str | None,
+        timeout_s: float | None = None,
     ) -> None:
         self.seq = seq
         self.queue = queue
@@ -128,6 +130,7 @@ class _Row:
         self.last_error: str | None = None
         self.died_at: float | None = None
         self.key = key
+        self.timeout_s = timeout_s
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
@@ -160,6 +163,7 @@ class JobHandle:
         "priority",
         "queue",
         "ready_since",
+        "timeout_s",
         "visibility_timeout_s",
     )
 
@@ -181,6 +185,7 @@ class JobHandle:
         self.priority: int = row.priority
         self.max_attempts: int = row.max_attempts
         self.visibility_timeout_s: float = row.visibility_timeout_s
+        self.timeout_s: float | None = row.timeout_s
         #: When the job became claimable for this claim (its ready time, or its enqueue).
         ready_at, enqueued_at = row.ready_at, row.enqueued_at
         self.ready_since: float = ready_at if ready_at > enqueued_at else enqueued_at
@@ -312,6 +317,7 @@ class Queue:
         max_attempts: int | None = None,
         backoff_base_s: float | None = None,
         key: str | None = None,
+        timeout_s: float | None = None,
     ) -> str:
         """Store a job and return its id (``docs/contract.md``, ENQ-2 to ENQ-10).
 
@@ -331,6 +337,7 @@ class Queue:
             max_attempts,
             backoff_base_s,
             key,
+            timeout_s,
         )
         return self._insert(resolved, self._table._now())
 
@@ -357,6 +364,7 @@ class Queue:
                         spec.max_attempts,
                         spec.backoff_base_s,
                         spec.key,
+                        spec.timeout_s,
                     )
                 )
             except InvalidArgument as exc:
@@ -375,13 +383,14 @@ class Queue:
         max_attempts: Any,
         backoff_base_s: Any,
         key: Any,
+        timeout_s: Any = None,
     ) -> tuple[Any, ...]:
         """Check every option of one job and resolve it against the queue's, as an enqueue
         would store it; changes nothing (ENQ-2 to ENQ-9). Returns ``(payload bytes,
         priority, delay_s, run_at, expires_s, visibility_timeout_s, max_attempts,
-        backoff_base_s, key)``, the queue's defaults filled in. Raises ``InvalidArgument``.
-        A backend that stores jobs elsewhere (PostgreSQL) resolves them here too, so that
-        the rules stay in one place."""
+        backoff_base_s, key, timeout_s)``, the queue's defaults filled in. Raises
+        ``InvalidArgument``. A backend that stores jobs elsewhere (PostgreSQL) resolves
+        them here too, so that the rules stay in one place."""
         opts = self._opts
         prio = guard.priority(priority)
         # (Each unset option is tested here rather than in guard.optional: most jobs set
@@ -408,6 +417,8 @@ class Queue:
                 "backoff_base_s",
                 f"must be <= the queue's backoff_max_s ({opts.backoff_max_s}), got {base}",
             )
+        if timeout_s is not None:
+            timeout_s = guard.positive("timeout_s", timeout_s)
         key = guard.key(key)
         payload = guard.encode_payload(payload, self._table.max_payload_bytes)
         if expires_s is None:
@@ -422,10 +433,11 @@ class Queue:
             opts.max_attempts if attempts is None else attempts,
             base,
             key,
+            timeout_s,
         )
 
     def _insert(self, resolved: tuple[Any, ...], now: float) -> str:
-        payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key = resolved
+        payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit = resolved
         table = self._table
         if key is not None:
             existing = self._keys.get(key)
@@ -451,6 +463,7 @@ class Queue:
             ready_at,
             None if expires_s is None else now + expires_s,
             key,
+            limit,
         )
         table._rows[seq] = row
         if table._journal is not None:
@@ -964,7 +977,7 @@ class JobTable:
     def enqueue_each(self, jobs: Iterable[tuple[Any, ...]]) -> list[str | Exception]:
         """Enqueue each job on its own, in order, all at one instant (the clock is read
         once): each a tuple ``(queue, payload, priority, delay_s, run_at, expires_s,
-        visibility_timeout_s, max_attempts, backoff_base_s, key)`` with ``enqueue``'s
+        visibility_timeout_s, max_attempts, backoff_base_s, key[, timeout_s])`` with ``enqueue``'s
         meanings, its queue made on first use (ENQ-2 to ENQ-10).
 
         Returns, for each, its id, or the ``InvalidArgument`` that refused it (nothing
@@ -1305,6 +1318,7 @@ class JobTable:
             died_at=died_at,
             key=row.key,
             seq=row.seq,
+            timeout_s=row.timeout_s,
         )
 
 
@@ -1329,6 +1343,7 @@ ROW_FIELDS = (
     "last_error",
     "died_at",
     "key",
+    "timeout_s",
 )
 
 #: The order of an update tuple: the fields a stored row's life changes, then its seq.
@@ -1395,6 +1410,7 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
         row.last_error,
         row.died_at,
         row.key,
+        row.timeout_s,
     )
 
 
@@ -1439,6 +1455,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
         last_error,
         died_at,
         key,
+        timeout_s,
     ) = values
     row = _Row(
         seq,
@@ -1453,6 +1470,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
         ready_at,
         expires_at,
         key,
+        timeout_s,
     )
     row.state = JobState(state)
     row.attempts = attempts

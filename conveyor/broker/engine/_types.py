@@ -69,6 +69,7 @@ class NewJob:
     max_attempts: int | None = None
     backoff_base_s: float | None = None
     key: str | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,8 @@ class Job:
     died_at: float | None
     key: str | None
     seq: int
+    # The handler's time limit the enqueue gave (docs/worker.md); None: not set.
+    timeout_s: float | None = None
 
     @property
     def payload(self) -> Any:

@@ -141,8 +141,14 @@ CREATE TABLE claims (
 );
 """
 
+# Version 3: a job's own handler time limit (``timeout_s``, docs/worker.md); NULL for the
+# jobs of older files, which had none.
+_SCHEMA_V3 = """
+ALTER TABLE jobs ADD COLUMN timeout_s REAL;
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
 # keeps the WAL to some MB ("normal" restarts it less often, see _RESTART_FRAMES).
