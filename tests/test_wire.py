@@ -638,7 +638,7 @@ def test_pushed_job_and_jobs_push() -> None:
 
 
 def test_job_info_hides_lease_and_seq() -> None:
-    info = decode(encode(wire.job_info(FakeJob())))
+    info = decode(encode(wire.job_info(FakeJob(), 100.0)))
     assert tuple(info) == wire.JOB_INFO_FIELDS
     assert info["payload"] == {"to": "a@b.c"} and info["state"] == "processing"
     assert "lease" not in info and "seq" not in info

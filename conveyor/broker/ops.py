@@ -269,12 +269,13 @@ def _answer(answer: str | Exception, i: int) -> dict[str, Any]:
 
 
 def get_job(conn: Peer, f: dict[str, Any]) -> Reply:
-    return then(conn.broker.backend.get_jobs([f["id"]]), _job_reply)
+    backend = conn.broker.backend
 
+    def reply(jobs: list[Any]) -> Result:
+        (job,) = jobs
+        return {"job": None if job is None else job_info(job, backend.now())}
 
-def _job_reply(jobs: list[Any]) -> Result:
-    (job,) = jobs
-    return {"job": None if job is None else job_info(job)}
+    return then(backend.get_jobs([f["id"]]), reply)
 
 
 def cancel(conn: Peer, f: dict[str, Any]) -> Reply:

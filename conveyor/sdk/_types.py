@@ -19,7 +19,7 @@ class JobInfo:
 
     id: str
     queue: str
-    state: str  # "pending", "processing" or "dead"
+    state: str  # "ready", "scheduled", "processing" or "dead" (docs/protocol.md, get_job)
     payload: Any
     priority: int
     attempts: int

@@ -55,6 +55,7 @@ __all__ = [
     "INT_MAX",
     "INT_MIN",
     "JOB_INFO_FIELDS",
+    "JOB_STATES",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
     "METRICS_PATH",
@@ -83,6 +84,7 @@ __all__ = [
     "encode",
     "encode_payload",
     "job_info",
+    "job_state",
     "jobs_push",
     "ok_reply",
     "parse_envelope",
@@ -1043,12 +1045,28 @@ PUSHED_JOB_FIELDS: Final = (
 )
 
 
-def job_info(job: JobSnapshot) -> dict[str, Any]:
-    """A job object for a ``get_job`` reply; the stored payload bytes are spliced, not decoded."""
+#: The states a job object's ``state`` names (docs/protocol.md, "get_job"), in the order a
+#: job usually passes them. A stored job is ``pending``, ``processing`` or ``dead``; a
+#: pending one is ``ready`` once its ``ready_at`` has come, ``scheduled`` before.
+JOB_STATES: Final = ("ready", "scheduled", "processing", "dead")
+
+
+def job_state(job: JobSnapshot, now: float) -> str:
+    """The name of ``job``'s state at ``now``: one of :data:`JOB_STATES`."""
+    state = str(job.state)
+    if state == "pending":
+        return "ready" if job.ready_at <= now else "scheduled"
+    return state
+
+
+def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
+    """A job object for a ``get_job`` reply, its state as of ``now`` (the broker's clock:
+    a pending job is ``ready`` or ``scheduled`` by its ``ready_at``); the stored payload
+    bytes are spliced, not decoded."""
     return {
         "id": job.id,
         "queue": job.queue,
-        "state": str(job.state),
+        "state": job_state(job, now),
         "payload": raw_json(job.payload_json),
         "priority": job.priority,
         "attempts": job.attempts,

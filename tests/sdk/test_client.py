@@ -47,7 +47,7 @@ async def test_enqueue_with_every_option_shows_in_get_job(client: Client) -> Non
     assert isinstance(info, JobInfo)
     assert info.id == job_id
     assert info.queue == "emails"
-    assert info.state == "pending"
+    assert info.state == "ready"
     assert info.payload == {"to": "a@b.c", "n": [1, 2.5, None, True]}
     assert info.priority == 7
     assert info.attempts == 0
@@ -180,7 +180,7 @@ async def test_pause_holds_jobs_back_until_resume(
         await client.enqueue("second", "b")
         await asyncio.wait_for(got["second"].wait(), WAIT)
         info = await client.get_job(held)
-        assert info is not None and (info.state, info.attempts) == ("pending", 0)
+        assert info is not None and (info.state, info.attempts) == ("ready", 0)
 
         await client.resume("first")
         assert (await client.stats("first"))["first"]["paused"] is False
