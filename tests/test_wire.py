@@ -501,6 +501,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
         ("ack_batch", "items"),
         ("heartbeat_batch", "items"),
         ("subscribe", "leases"),
+        ("cancel_batch", "ids"),
     }
 
 
@@ -545,7 +546,9 @@ ROLES_BY_OP = {
     "enqueue_each": {P, A},
     "get_job": {P, W, R, A},
     "cancel": {P, A},
+    "cancel_batch": {P, A},
     "stats": {P, R, A},
+    "list_jobs": {P, R, A},
     "subscribe": {W, A},
     "unsubscribe": {W, A},
     "ack": {W, A},
@@ -557,6 +560,7 @@ ROLES_BY_OP = {
     "pause": {A},
     "resume": {A},
     "redrive": {A},
+    "redrive_all": {A},
     "purge_dead": {A},
     "sweep": {A},
     "watch": {R, A},

@@ -70,6 +70,7 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
         "processing": stats.processing,
         "dead": stats.dead,
         "paused": stats.paused,
+        "oldest_ready_at": stats.oldest_ready_at,
         "totals": {
             "enqueued": t.enqueued,
             "completed": t.completed,

@@ -40,7 +40,7 @@ from ._errors import (
     UnknownOp,
     UnsupportedVersion,
 )
-from ._types import Fail, Job, JobInfo, Retry
+from ._types import Fail, Job, JobInfo, JobPage, Retry
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -57,6 +57,7 @@ __all__ = [
     "InvalidArgument",
     "Job",
     "JobInfo",
+    "JobPage",
     "LimitExceeded",
     "NotFound",
     "Retry",

@@ -1,5 +1,5 @@
 """Listing a queue's jobs by state, page by page; redriving every dead job; the oldest
-ready time (docs/contract.md LST-1 to LST-4, OPS-7, CST-5), through the backend
+ready time (docs/contract.md LST-1 to LST-4, OPS-8, CST-5), through the backend
 interface on the manual clock."""
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ async def test_bad_state_limit_or_cursor_are_refused(rig: Rig) -> None:
     assert await rig.backend.list_jobs("nowhere", "ready") is None
 
 
-async def test_redrive_all_puts_every_dead_job_back_ops_7(rig: Rig) -> None:
+async def test_redrive_all_puts_every_dead_job_back_ops_8(rig: Rig) -> None:
     dead = [await _dead(rig) for _ in range(3)]
     other = await _dead(rig, "other")
     live = await rig.put()
@@ -261,7 +261,7 @@ async def test_a_reopened_table_lists_as_before(durable: Rig) -> None:
         await again.close()
 
 
-async def test_redrive_all_moves_a_big_dead_letter_queue_in_steps_ops_7(
+async def test_redrive_all_moves_a_big_dead_letter_queue_in_steps_ops_8(
     rig: Rig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("conveyor.broker.backend.local.REDRIVE_CHUNK", 2)

@@ -418,7 +418,7 @@ class Backend(Protocol):
         ...
 
     def redrive_all(self, queue: str) -> Pending[int | None]:
-        """Redrive every job dead in ``queue`` when the call is made (OPS-7): how many
+        """Redrive every job dead in ``queue`` when the call is made (OPS-8): how many
         (``None``: no such queue). Done in steps of ``REDRIVE_CHUNK``, each on its own:
         not one atomic change (a job dying meanwhile may stay dead)."""
         ...

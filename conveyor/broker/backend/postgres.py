@@ -1892,7 +1892,7 @@ class PostgresBackend:
         return JobList([self._job(r[:-2]) for r in jobs], next_key, total)
 
     async def _redrive_all(self, queue: str) -> int | None:
-        """OPS-7: the queue's dead rows at the call, longest dead first, one transaction
+        """OPS-8: the queue's dead rows at the call, longest dead first, one transaction
         per REDRIVE_CHUNK rows (each a range of conveyor_jobs_dead)."""
         counted = await self._stats([queue])
         if queue not in counted:

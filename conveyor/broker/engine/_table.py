@@ -836,7 +836,7 @@ class Queue:
 
     def redrive_all(self, limit: int | None = None) -> int:
         """Redrive the dead jobs of this queue, the longest dead first, at most ``limit``
-        of them (all when ``None``); return how many (OPS-5, OPS-7). O(k log n) for k."""
+        of them (all when ``None``); return how many (OPS-5, OPS-8). O(k log n) for k."""
         if limit is not None:
             guard.positive_int("limit", limit)
         now = self._table._now()
