@@ -398,15 +398,15 @@ def unsubscribe(conn: Peer, f: dict[str, Any]) -> Result:
     return {"held": conn.broker.dispatcher.drain(sub)}
 
 
-def _finish(conn: Peer, job_id: str, lease: str) -> None:
-    conn.broker.dispatcher.finished(conn.subscription, job_id, lease)
+def _finish(conn: Peer, job_id: str, lease: str, outcome: str | None) -> None:
+    conn.broker.dispatcher.finished(conn.subscription, job_id, lease, outcome)
 
 
 def ack(conn: Peer, f: dict[str, Any]) -> Reply:
     job_id, lease = f["id"], f["lease"]
 
     def reply(landed: list[bool]) -> Result:
-        _finish(conn, job_id, lease)
+        _finish(conn, job_id, lease, "ok" if landed[0] else None)
         return {"landed": landed[0]}
 
     return then(conn.broker.backend.ack([(job_id, lease)]), reply)
@@ -419,7 +419,9 @@ def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Reply:
         (landed,) = answers
         if isinstance(landed, InvalidArgument):
             raise landed
-        _finish(conn, report.id, report.lease)
+        # (A retry that used the last attempt counts as a retry: the job died of it.)
+        outcome = ("retry" if retry else "dead") if landed else None
+        _finish(conn, report.id, report.lease, outcome)
         return {"landed": landed}
 
     return then(conn.broker.backend.report([report]), reply)
@@ -442,7 +444,7 @@ def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
 
     def reply(landed: list[bool]) -> Result:
-        conn.broker.dispatcher.finished_many(conn.subscription, pairs)
+        conn.broker.dispatcher.finished_many(conn.subscription, pairs, "ok", landed)
         return {"landed": landed}
 
     return then(conn.broker.backend.ack(pairs), reply)
