@@ -134,8 +134,10 @@ async def test_cancel_deletes_the_job_once(client: Client) -> None:
 
 
 async def test_stats_per_queue_as_plain_data(client: Client) -> None:
-    await client.enqueue_many("s1", [1, 2])
+    ids = await client.enqueue_many("s1", [1, 2])
     await client.enqueue("s2", 3, delay_s=60.0)
+    first = await client.get_job(ids[0])
+    assert first is not None
 
     everything = await client.stats()
     assert set(everything) >= {"s1", "s2"}
@@ -145,6 +147,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
         "processing": 0,
         "dead": 0,
         "paused": False,
+        "oldest_ready_at": first.ready_at,
         "totals": {
             "enqueued": 2,
             "completed": 0,
@@ -156,6 +159,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
     }
     assert list(await client.stats("s2")) == ["s2"]
     assert (await client.stats("s2"))["s2"]["scheduled"] == 1
+    assert (await client.stats("s2"))["s2"]["oldest_ready_at"] is None  # none ready
     with pytest.raises(NotFound):
         await client.stats("never-used")
 
