@@ -503,6 +503,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
         ("ack_batch", "items"),
         ("heartbeat_batch", "items"),
         ("subscribe", "leases"),
+        ("cancel_batch", "ids"),
     }
 
 
@@ -547,7 +548,9 @@ ROLES_BY_OP = {
     "enqueue_each": {P, A},
     "get_job": {P, W, R, A},
     "cancel": {P, A},
+    "cancel_batch": {P, A},
     "stats": {P, R, A},
+    "list_jobs": {P, R, A},
     "subscribe": {W, A},
     "unsubscribe": {W, A},
     "ack": {W, A},
@@ -559,6 +562,7 @@ ROLES_BY_OP = {
     "pause": {A},
     "resume": {A},
     "redrive": {A},
+    "redrive_all": {A},
     "purge_dead": {A},
     "sweep": {A},
     "watch": {R, A},
@@ -644,7 +648,7 @@ def test_pushed_job_and_jobs_push() -> None:
 
 
 def test_job_info_hides_lease_and_seq() -> None:
-    info = decode(encode(wire.job_info(FakeJob())))
+    info = decode(encode(wire.job_info(FakeJob(), 100.0)))
     assert tuple(info) == wire.JOB_INFO_FIELDS
     assert info["payload"] == {"to": "a@b.c"} and info["state"] == "processing"
     assert info["timeout_s"] == 45.0

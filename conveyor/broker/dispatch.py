@@ -157,6 +157,10 @@ class Dispatcher:
         self._pass_scheduled = False
         self.pushed = 0  # jobs pushed since start (for metrics)
         self.push_latency: Callable[[list[float]], None] | None = None
+        # Told (queue, outcome, seconds from push to report) of each report that landed
+        # for a job this broker pushed on a connection still holding it (the metrics).
+        self.job_duration: Callable[[str, str, float], None] | None = None
+        self._pushed_at: dict[str, tuple[str, float]] = {}  # lease -> (queue, push time)
         # Push a full window in frames of half the prefetch (see _push).
         self.split_windows = True
         # Jobs handed out in the pass running now, pushed at its end (see _handed).
@@ -202,6 +206,7 @@ class Dispatcher:
             if previous is not None and previous[0] is not sub:
                 # The old connection is not known dead yet; it loses the job (and the slot).
                 previous[0].in_flight.pop(previous[1], None)
+                self._pushed_at.pop(previous[1], None)
             sub.in_flight[lease] = Held(job_id, None, None, now, reattached=True)
             self._lease_owners[lease] = sub
             self._holders[job_id] = (sub, lease)
@@ -253,6 +258,7 @@ class Dispatcher:
         held = {}
         for lease, job in sub.in_flight.items():
             job_id = job.id
+            self._pushed_at.pop(lease, None)  # (a report after a reconnect is not timed)
             if self._holders.get(job_id) == (sub, lease):
                 del self._holders[job_id]
             if self._lease_owners.get(lease) is sub:
@@ -294,24 +300,46 @@ class Dispatcher:
         self._file(sub)
         return len(sub.in_flight)
 
-    def finished(self, sub: Subscription | None, job_id: str, lease: str) -> None:
+    def finished(
+        self, sub: Subscription | None, job_id: str, lease: str, outcome: str | None = None
+    ) -> None:
         """The worker answered for a job (ack, retry or fail, landed or not): free its slot.
 
         ``sub`` is the reporting connection's subscription, if any. Reports are accepted
         on any connection (the lease is the credential), so a report of the current lease
-        made elsewhere frees the holder's slot.
+        made elsewhere frees the holder's slot. ``outcome`` (``ok``, ``retry``, ``dead``)
+        when the report landed: its time since the push goes to ``job_duration``.
         """
+        self._timed(lease, outcome)
         freed = self._free(sub, job_id, lease)
         if freed is not None:
             self._set_hungry(freed)
 
-    def finished_many(self, sub: Subscription | None, pairs: Iterable[tuple[str, str]]) -> None:
-        """``finished`` for each ``(job_id, lease)`` a connection answered for at once;
-        each subscription that got slots back is offered jobs once."""
+    def finished_many(
+        self,
+        sub: Subscription | None,
+        pairs: Iterable[tuple[str, str]],
+        outcome: str | None = None,
+        landed: Sequence[bool] = (),
+    ) -> None:
+        """``finished`` for each ``(job_id, lease)`` a connection answered for at once
+        (``outcome`` for each whose ``landed`` is true); each subscription that got slots
+        back is offered jobs once."""
+        pairs = list(pairs)
+        if self._pushed_at:
+            for i, (_, lease) in enumerate(pairs):
+                self._timed(lease, outcome if i < len(landed) and landed[i] else None)
         freed = {self._free(sub, job_id, lease): None for job_id, lease in pairs}
         for each in freed:
             if each is not None:
                 self._set_hungry(each)
+
+    def _timed(self, lease: str, outcome: str | None) -> None:
+        """Forget the lease's push time; tell ``job_duration`` if the report landed."""
+        entry = self._pushed_at.pop(lease, None)
+        observe = self.job_duration
+        if entry is not None and outcome is not None and observe is not None:
+            observe(entry[0], outcome, self._scheduler.now() - entry[1])
 
     def _free(self, sub: Subscription | None, job_id: str, lease: str) -> Subscription | None:
         """Free the slot the lease took; returns whose it was (``None``: nobody's).
@@ -537,6 +565,11 @@ class Dispatcher:
         if observe is not None:
             now = self._scheduler.now()
             observe([now - handle.ready_since for handle in handles])
+        if self.job_duration is not None:
+            now = self._scheduler.now()
+            pushed_at = self._pushed_at
+            for handle in handles:
+                pushed_at[handle.lease] = (handle.queue, now)
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
         size = 0

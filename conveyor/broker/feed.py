@@ -82,6 +82,7 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
         "processing": stats.processing,
         "dead": stats.dead,
         "paused": stats.paused,
+        "oldest_ready_at": stats.oldest_ready_at,
         "totals": {
             "enqueued": t.enqueued,
             "completed": t.completed,
@@ -503,7 +504,7 @@ class Feed:
         if job_id is None:
             return None
         (job,) = await self.backend.get_jobs([job_id])
-        return {"id": job_id, "gone": True} if job is None else job_info(job)
+        return {"id": job_id, "gone": True} if job is None else job_info(job, self.backend.now())
 
     async def _dead(self, viewer: _Viewer) -> dict[str, Any] | None:
         name = viewer.dead_queue

@@ -38,6 +38,7 @@ __all__ = [
     "CONTENT_TYPE",
     "GC_PAUSES",
     "GcPauses",
+    "JobDurations",
     "LatencyHistogram",
     "Metrics",
     "escape_label_value",
@@ -46,8 +47,46 @@ __all__ = [
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# Seconds from a job becoming claimable to its push: sub-millisecond to a few seconds.
-_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+# Seconds from a job becoming claimable to its push: sub-millisecond when workers keep
+# up, minutes when a queue backs up (the buckets past 5 s tell a backlog's depth).
+_LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
+# Seconds from a job's push to its worker's ack, retry or fail: milliseconds to an hour.
+_DURATION_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+    900,
+    3600,
+)
 # Seconds one garbage collection takes: from a young generation's (the shortest) to a
 # full one over a large table (the longest; measured in docs/benchmarks.md).
 _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -56,6 +95,11 @@ _GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 
 # The per-queue families, in the order they are written: (name, HELP, TYPE).
 _JOBS = ("conveyor_queue_jobs", "Jobs in a queue by state.", "gauge")
 _PAUSED = ("conveyor_queue_paused", "1 if the queue is paused.", "gauge")
+_AGE = (
+    "conveyor_queue_oldest_ready_age_seconds",
+    "Seconds the oldest ready job of a queue has waited since it became ready (0: none).",
+    "gauge",
+)
 _TOTALS = tuple(
     (f"conveyor_jobs_{name}_total", f"Jobs {name} since the broker started.", "counter")
     for name in ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
@@ -79,10 +123,13 @@ def _head(family: tuple[str, str, str]) -> str:
     return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
 
 
-def render_table(queues: Mapping[str, QueueStats], *, workers: int, connections: int) -> str:
+def render_table(
+    queues: Mapping[str, QueueStats], *, workers: int, connections: int, now: float = 0.0
+) -> str:
     """The table's families in the text format 0.0.4: per-queue job counts by state,
-    paused flags and running totals (one pass over the queues' counters, no walk over
-    jobs), then the worker and connection gauges.
+    paused flags, the age at ``now`` (the broker's clock) of the oldest ready job and
+    running totals (one pass over the queues' counters, no walk over jobs), then the
+    worker and connection gauges.
 
     Plain string building: prometheus_client's objects and its writer cost several times
     more per sample, and a broker may hold thousands of queues (docs/benchmarks.md).
@@ -90,6 +137,8 @@ def render_table(queues: Mapping[str, QueueStats], *, workers: int, connections:
     jobs_name, paused_name = _JOBS[0], _PAUSED[0]
     jobs: list[str] = []
     paused: list[str] = []
+    ages: list[str] = []
+    age_name = _AGE[0]
     totals: list[list[str]] = [[] for _ in _TOTALS]
     for name, stats in queues.items():
         label = f'{{queue="{escape_label_value(name)}"'
@@ -100,11 +149,14 @@ def render_table(queues: Mapping[str, QueueStats], *, workers: int, connections:
             f'{jobs_name}{label},state="dead"}} {stats.dead}\n'
         )
         paused.append(f"{paused_name}{label}}} {1 if stats.paused else 0}\n")
+        oldest = stats.oldest_ready_at
+        age = 0.0 if oldest is None else max(0.0, now - oldest)
+        ages.append(f"{age_name}{label}}} {floatToGoString(age)}\n")  # type: ignore[no-untyped-call]
         t = stats.totals
         values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
         for lines, (metric, _, _), value in zip(totals, _TOTALS, values, strict=True):
             lines.append(f"{metric}{label}}} {value}\n")
-    parts = [_head(_JOBS), *jobs, _head(_PAUSED), *paused]
+    parts = [_head(_JOBS), *jobs, _head(_PAUSED), *paused, _head(_AGE), *ages]
     for family, lines in zip(_TOTALS, totals, strict=True):
         parts.append(_head(family))
         parts.extend(lines)
@@ -174,6 +226,33 @@ class LatencyHistogram(Collector):
         )
 
 
+class JobDurations(Collector):
+    """``conveyor_job_duration_seconds{queue,outcome}``: from a job's push to the report
+    that landed for it (``ok`` an ack, ``retry``, ``dead`` a fail), as the broker sees
+    it: one bisect and one list slot per job, summed at a scrape, as ``LatencyHistogram``.
+    """
+
+    def __init__(self, buckets: tuple[float, ...] = _DURATION_BUCKETS) -> None:
+        self._bounds = buckets
+        self._by_label: dict[tuple[str, str], _Buckets] = {}
+
+    def observe(self, queue: str, outcome: str, seconds: float) -> None:
+        buckets = self._by_label.get((queue, outcome))
+        if buckets is None:
+            buckets = self._by_label[(queue, outcome)] = _Buckets(self._bounds)
+        buckets.observe_many((seconds,))
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "conveyor_job_duration_seconds",
+            "Time from a job's push to its worker's ack (ok), retry or fail (dead).",
+            labels=["queue", "outcome"],
+        )
+        for (queue, outcome), buckets in self._by_label.items():
+            family.add_metric([queue, outcome], buckets.cumulative(), buckets.sum)
+        yield family
+
+
 class GcPauses(Collector):
     """``conveyor_gc_pause_seconds{generation}``: how long each collection of Python's
     cyclic garbage collector stopped the process, timed by a ``gc.callbacks`` hook.
@@ -238,8 +317,10 @@ class Metrics:
         connections: Callable[[], int],
         clock: Callable[[], float] = time.monotonic,
         max_age_s: float = 1.0,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self._stats = stats
+        self._now = now
         self._workers = workers
         self._connections = connections
         self._clock = clock
@@ -249,6 +330,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.push_latency = LatencyHistogram()
         self.registry.register(self.push_latency)
+        self.job_duration = JobDurations()
+        self.registry.register(self.job_duration)
         # The process: RSS, CPU seconds, open files (read from /proc at each scrape, and
         # absent where there is none), the Python version, the collector's counts.
         ProcessCollector(registry=self.registry)
@@ -263,7 +346,10 @@ class Metrics:
         now = self._clock()
         if self._body is None or now - self._rendered_at >= self.max_age_s:
             table = render_table(
-                self._stats(), workers=self._workers(), connections=self._connections()
+                self._stats(),
+                workers=self._workers(),
+                connections=self._connections(),
+                now=self._now(),
             )
             self._body = table.encode() + generate_latest(self.registry)
             self._rendered_at = now

@@ -10,10 +10,13 @@ the broker refuses; the engine's ``InvalidArgument`` is turned into one by the s
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..sdk._wire import (
+    JOB_STATES,
+    MAX_LIST_LIMIT,
     OPS,
     PROTOCOL_VERSION,
     SERVER_NAME,
@@ -23,11 +26,13 @@ from ..sdk._wire import (
     Role,
     WireError,
     check_entry,
+    decode_value,
+    encode,
     encode_payload,
     job_info,
 )
 from . import __version__
-from .backend import Backend, Enqueue, Pending, Report, then
+from .backend import Backend, Enqueue, JobList, Pending, Report, then
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
@@ -271,17 +276,77 @@ def _answer(answer: str | Exception, i: int) -> dict[str, Any]:
 
 
 def get_job(conn: Peer, f: dict[str, Any]) -> Reply:
-    return then(conn.broker.backend.get_jobs([f["id"]]), _job_reply)
+    backend = conn.broker.backend
 
+    def reply(jobs: list[Any]) -> Result:
+        (job,) = jobs
+        return {"job": None if job is None else job_info(job, backend.now())}
 
-def _job_reply(jobs: list[Any]) -> Result:
-    (job,) = jobs
-    return {"job": None if job is None else job_info(job)}
+    return then(backend.get_jobs([f["id"]]), reply)
 
 
 def cancel(conn: Peer, f: dict[str, Any]) -> Reply:
     # The backend tells the dispatcher, which tells the job's holder (a cancelled push).
     return then(conn.broker.backend.cancel([f["id"]]), lambda done: {"cancelled": done[0]})
+
+
+def cancel_batch(conn: Peer, f: dict[str, Any]) -> Reply:
+    """``cancel`` of each id on its own, in order (at most max_batch of them)."""
+    return then(conn.broker.backend.cancel(f["ids"]), lambda done: {"cancelled": done})
+
+
+def list_jobs(conn: Peer, f: dict[str, Any]) -> Reply:
+    """A page of a queue's jobs in one state (docs/protocol.md, ``list_jobs``)."""
+    state, limit, name = f["state"], f["limit"], f["queue"]
+    if state not in JOB_STATES:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"state: must be one of {', '.join(JOB_STATES)}, got {state[:32]!r}",
+            "state",
+        )
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"limit: must be 1 to {MAX_LIST_LIMIT}, got {limit}",
+            "limit",
+        )
+    conn.broker.check_queue_name(name, "queue")
+    after = None if f["cursor"] is None else _cursor_key(f["cursor"], state)
+    backend = conn.broker.backend
+
+    def reply(page: JobList | None) -> Result:
+        if page is None:
+            raise _no_queue(name)
+        now = backend.now()
+        return {
+            "jobs": [job_info(job, now) for job in page.jobs],
+            "next": None if page.next is None else _cursor(state, page.next),
+            "total": page.total,
+        }
+
+    return then(backend.list_jobs(name, state, after, limit, f["search"]), reply)
+
+
+def _cursor(state: str, key: tuple[Any, ...]) -> str:
+    """An opaque cursor: the listing's state and the key to go on after, as URL-safe
+    base64 of JSON (a float's JSON text reads back as the same float)."""
+    return base64.urlsafe_b64encode(encode([state, *key])).decode().rstrip("=")
+
+
+def _cursor_key(cursor: str, state: str) -> tuple[Any, ...]:
+    """The key a cursor of ``state`` holds; ``invalid_argument`` naming ``cursor`` for
+    anything else (the backend checks the key's members)."""
+    try:
+        value = decode_value(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, WireError):
+        value = None
+    if not isinstance(value, list) or not value or value[0] != state:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"cursor: is not a cursor of a {state} listing of this broker",
+            "cursor",
+        )
+    return tuple(value[1:])
 
 
 def stats(conn: Peer, f: dict[str, Any]) -> Reply:
@@ -335,15 +400,15 @@ def unsubscribe(conn: Peer, f: dict[str, Any]) -> Result:
     return {"held": conn.broker.dispatcher.drain(sub)}
 
 
-def _finish(conn: Peer, job_id: str, lease: str) -> None:
-    conn.broker.dispatcher.finished(conn.subscription, job_id, lease)
+def _finish(conn: Peer, job_id: str, lease: str, outcome: str | None) -> None:
+    conn.broker.dispatcher.finished(conn.subscription, job_id, lease, outcome)
 
 
 def ack(conn: Peer, f: dict[str, Any]) -> Reply:
     job_id, lease = f["id"], f["lease"]
 
     def reply(landed: list[bool]) -> Result:
-        _finish(conn, job_id, lease)
+        _finish(conn, job_id, lease, "ok" if landed[0] else None)
         return {"landed": landed[0]}
 
     return then(conn.broker.backend.ack([(job_id, lease)]), reply)
@@ -356,7 +421,9 @@ def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Reply:
         (landed,) = answers
         if isinstance(landed, InvalidArgument):
             raise landed
-        _finish(conn, report.id, report.lease)
+        # (A retry that used the last attempt counts as a retry: the job died of it.)
+        outcome = ("retry" if retry else "dead") if landed else None
+        _finish(conn, report.id, report.lease, outcome)
         return {"landed": landed}
 
     return then(conn.broker.backend.report([report]), reply)
@@ -379,7 +446,7 @@ def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
 
     def reply(landed: list[bool]) -> Result:
-        conn.broker.dispatcher.finished_many(conn.subscription, pairs)
+        conn.broker.dispatcher.finished_many(conn.subscription, pairs, "ok", landed)
         return {"landed": landed}
 
     return then(conn.broker.backend.ack(pairs), reply)
@@ -407,6 +474,17 @@ def resume(conn: Peer, f: dict[str, Any]) -> Reply:
 
 def redrive(conn: Peer, f: dict[str, Any]) -> Reply:
     return then(conn.broker.backend.redrive([f["id"]]), lambda done: {"redriven": done[0]})
+
+
+def redrive_all(conn: Peer, f: dict[str, Any]) -> Reply:
+    name = f["queue"]
+
+    def reply(redriven: int | None) -> Result:
+        if redriven is None:
+            raise _no_queue(name)
+        return {"redriven": redriven}
+
+    return then(conn.broker.backend.redrive_all(name), reply)
 
 
 def purge_dead(conn: Peer, f: dict[str, Any]) -> Reply:
@@ -437,7 +515,9 @@ HANDLERS: dict[Op, Handler] = {
     Op.ENQUEUE_EACH: enqueue_each,
     Op.GET_JOB: get_job,
     Op.CANCEL: cancel,
+    Op.CANCEL_BATCH: cancel_batch,
     Op.STATS: stats,
+    Op.LIST_JOBS: list_jobs,
     Op.SUBSCRIBE: subscribe,
     Op.UNSUBSCRIBE: unsubscribe,
     Op.ACK: ack,
@@ -449,6 +529,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.PAUSE: pause,
     Op.RESUME: resume,
     Op.REDRIVE: redrive,
+    Op.REDRIVE_ALL: redrive_all,
     Op.PURGE_DEAD: purge_dead,
     Op.SWEEP: sweep,
     Op.WATCH: watch,

@@ -69,8 +69,10 @@ class Broker:
             self._stats_now,
             workers=lambda: len(self.dispatcher.subscriptions),
             connections=lambda: len(self.connections),
+            now=clock,
         )
         self.dispatcher.push_latency = self.metrics.push_latency.observe_many
+        self.dispatcher.job_duration = self.metrics.job_duration.observe
         self.static = StaticFiles()
         self.connections: set[Connection] = set()
         self.tokens = TokenSlots(config.max_connections_per_token)

@@ -44,7 +44,7 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._tasks import Task
-from ._types import Fail, Job, JobInfo, Retry
+from ._types import Fail, Job, JobInfo, JobPage, Retry
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -61,6 +61,7 @@ __all__ = [
     "InvalidArgument",
     "Job",
     "JobInfo",
+    "JobPage",
     "LimitExceeded",
     "NotFound",
     "Retry",

@@ -18,7 +18,7 @@ import anyio.from_thread
 
 from ._errors import ConnectionFailed, InvalidArgument, TooLarge
 from ._session import EACH_BYTES, Session, split_to_fit
-from ._types import JobInfo
+from ._types import JobInfo, JobPage
 from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
 from ._wire import WireError, encode_payload, raw_json
 
@@ -306,8 +306,55 @@ class Client:
         cancelled: bool = (await self._call("cancel", id=job_id))["cancelled"]
         return cancelled
 
+    async def cancel_many(self, ids: Sequence[str]) -> list[bool]:
+        """``cancel`` for each id, in order: whether each existed. Sent as ``cancel_batch``
+        frames of at most the broker's ``max_batch`` ids each."""
+        ids = list(ids)
+        size = int(self.server_info.get("max_batch") or _BATCH)
+        done: list[bool] = []
+        for start in range(0, len(ids), size):
+            reply = await self._call("cancel_batch", ids=ids[start : start + size])
+            done.extend(reply["cancelled"])
+        return done
+
+    async def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        *,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """A page of ``queue``'s jobs in ``state``: ``"ready"`` (in claim order),
+        ``"scheduled"`` (the soonest due first), ``"processing"`` (the oldest claim first)
+        or ``"dead"`` (the latest death first). Pass the page's ``next`` as ``cursor`` for
+        the following one; a job that stays in its state is on exactly one page.
+
+        ``search`` keeps only jobs whose id or key equals it, or whose payload's JSON text
+        contains it; the broker looks at a bounded number of jobs per call (2,000), so a
+        searched page may come back short or empty with a ``next`` to go on from.
+        ``limit`` is 1 to 500. Raises ``NotFound`` for an unknown queue and
+        ``InvalidArgument`` for a bad state, limit or cursor."""
+        reply = await self._call(
+            "list_jobs",
+            queue=queue,
+            state=state,
+            **_options(search=search, cursor=cursor),
+            limit=limit,
+        )
+        return JobPage.from_wire(reply)
+
+    async def dead_letters(
+        self, queue: str, *, limit: int = 50, cursor: str | None = None
+    ) -> JobPage:
+        """``list_jobs(queue, "dead", ...)``: the dead letters, the latest death first."""
+        return await self.list_jobs(queue, "dead", cursor=cursor, limit=limit)
+
     async def stats(self, queue: str | None = None) -> dict[str, dict[str, Any]]:
-        """Counts per queue: ``{name: {ready, scheduled, processing, dead, paused, totals}}``."""
+        """Counts per queue: ``{name: {ready, scheduled, processing, dead, paused,
+        oldest_ready_at, totals}}``; ``oldest_ready_at`` is the earliest ready time of a
+        ready job (epoch seconds, broker clock), ``None`` when none is ready."""
         queues: dict[str, dict[str, Any]] = (await self._call("stats", **_options(queue=queue)))[
             "queues"
         ]
@@ -332,6 +379,13 @@ class Client:
         """Delete the dead jobs of ``queue``; return how many."""
         purged: int = (await self._call("purge_dead", queue=queue))["purged"]
         return purged
+
+    async def redrive_all(self, queue: str) -> int:
+        """Redrive every dead job of ``queue`` (as ``redrive`` does each); return how many.
+        The broker moves a large dead-letter queue in steps, not as one change: a job that
+        dies while it runs may stay dead. Raises ``NotFound`` for an unknown queue."""
+        redriven: int = (await self._call("redrive_all", queue=queue))["redriven"]
+        return redriven
 
 
 class SyncClient:
@@ -442,3 +496,33 @@ class SyncClient:
     def purge_dead(self, queue: str) -> int:
         purged: int = self._run(self._c.purge_dead, queue)
         return purged
+
+    def cancel_many(self, ids: Sequence[str]) -> list[bool]:
+        """``Client.cancel_many``, blocking."""
+        done: list[bool] = self._run(self._c.cancel_many, ids)
+        return done
+
+    def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        *,
+        search: str | None = None,
+        cursor: str | None = None,
+        limit: int = 50,
+    ) -> JobPage:
+        """``Client.list_jobs``, blocking."""
+        page: JobPage = self._run(
+            self._c.list_jobs, queue, state, search=search, cursor=cursor, limit=limit
+        )
+        return page
+
+    def dead_letters(self, queue: str, *, limit: int = 50, cursor: str | None = None) -> JobPage:
+        """``Client.dead_letters``, blocking."""
+        page: JobPage = self._run(self._c.dead_letters, queue, limit=limit, cursor=cursor)
+        return page
+
+    def redrive_all(self, queue: str) -> int:
+        """``Client.redrive_all``, blocking."""
+        redriven: int = self._run(self._c.redrive_all, queue)
+        return redriven

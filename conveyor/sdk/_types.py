@@ -9,7 +9,7 @@ from typing import Any
 
 from ._errors import InvalidArgument
 
-__all__ = ["Fail", "Job", "JobInfo", "Retry"]
+__all__ = ["Fail", "Job", "JobInfo", "JobPage", "Retry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +19,7 @@ class JobInfo:
 
     id: str
     queue: str
-    state: str  # "pending", "processing" or "dead"
+    state: str  # "ready", "scheduled", "processing" or "dead" (docs/protocol.md, get_job)
     payload: Any
     priority: int
     attempts: int
@@ -41,6 +41,25 @@ class JobInfo:
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:
         values: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
         return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """One page of ``Client.list_jobs``: the jobs, the cursor of the next page (``None``
+    when no job of that state follows), and how many jobs the queue holds in that state
+    (from the broker's counters, not the page's or a search's count)."""
+
+    jobs: list[JobInfo]
+    next: str | None
+    total: int
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> JobPage:
+        return cls(
+            jobs=[JobInfo.from_wire(job) for job in data["jobs"]],
+            next=data.get("next"),
+            total=data["total"],
+        )
 
 
 @dataclass(slots=True)

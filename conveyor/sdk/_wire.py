@@ -49,12 +49,15 @@ __all__ = [
     "CLOSE_POLICY_VIOLATION",
     "CLOSE_SERVICE_RESTART",
     "CLOSE_TRY_AGAIN_LATER",
+    "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_PREFETCH",
     "HEALTHZ_PATH",
     "INT_MAX",
     "INT_MIN",
     "JOB_INFO_FIELDS",
+    "JOB_STATES",
+    "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
     "METRICS_PATH",
@@ -83,6 +86,7 @@ __all__ = [
     "encode",
     "encode_payload",
     "job_info",
+    "job_state",
     "jobs_push",
     "ok_reply",
     "parse_envelope",
@@ -121,6 +125,9 @@ MAX_PAYLOAD_DEPTH: Final = 254
 DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
 #: ``subscribe``'s ``prefetch`` when the request leaves it out.
 DEFAULT_PREFETCH: Final = 16
+#: ``list_jobs``' ``limit`` when the request leaves it out, and the most it may be.
+DEFAULT_LIST_LIMIT: Final = 50
+MAX_LIST_LIMIT: Final = 500
 
 # Close codes (RFC 6455 section 7.4.1 and the IANA registry), docs/protocol.md "Close codes".
 #: The peer asked to close, or the broker is done with a connection in good order.
@@ -180,14 +187,15 @@ class ErrorCode(StrEnum):
 class Role(StrEnum):
     """What a token may do (docs/protocol.md, "Authentication and roles")."""
 
-    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats.
+    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats,
+    # list_jobs.
     PUBLISH = "publish"
     # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
     # batch forms, get_job.
     WORK = "work"
-    # Everything, including pause, resume, redrive, purge_dead and sweep.
+    # Everything, including pause, resume, redrive, redrive_all, purge_dead and sweep.
     ADMIN = "admin"
-    # Look only: get_job, stats (and the dashboard's feed).
+    # Look only: get_job, stats, list_jobs (and the dashboard's feed).
     READ = "read"
 
 
@@ -205,7 +213,9 @@ class Op(StrEnum):
     ENQUEUE_EACH = "enqueue_each"
     GET_JOB = "get_job"
     CANCEL = "cancel"
+    CANCEL_BATCH = "cancel_batch"
     STATS = "stats"
+    LIST_JOBS = "list_jobs"
     SUBSCRIBE = "subscribe"
     UNSUBSCRIBE = "unsubscribe"
     ACK = "ack"
@@ -217,6 +227,7 @@ class Op(StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
     REDRIVE = "redrive"
+    REDRIVE_ALL = "redrive_all"
     PURGE_DEAD = "purge_dead"
     SWEEP = "sweep"
     WATCH = "watch"
@@ -589,7 +600,23 @@ _SPECS = (
     ),
     OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
     OpSpec(Op.CANCEL, _PUBLISHING, (_ID,)),
+    OpSpec(
+        Op.CANCEL_BATCH,
+        _PUBLISHING,
+        (Field("ids", Kind.STRINGS, required=True, nonempty=True, batch=True),),
+    ),
     OpSpec(Op.STATS, frozenset({_P, _A, _R}), (Field("queue", Kind.STRING),)),
+    OpSpec(
+        Op.LIST_JOBS,
+        frozenset({_P, _A, _R}),
+        (
+            _QUEUE,
+            Field("state", Kind.STRING, required=True),
+            Field("search", Kind.STRING, nonempty=True),
+            Field("cursor", Kind.STRING),
+            Field("limit", Kind.INTEGER, default=DEFAULT_LIST_LIMIT),
+        ),
+    ),
     OpSpec(
         Op.SUBSCRIBE,
         _WORKING,
@@ -610,6 +637,7 @@ _SPECS = (
     OpSpec(Op.PAUSE, _ADMIN, (_QUEUE,)),
     OpSpec(Op.RESUME, _ADMIN, (_QUEUE,)),
     OpSpec(Op.REDRIVE, _ADMIN, (_ID,)),
+    OpSpec(Op.REDRIVE_ALL, _ADMIN, (_QUEUE,)),
     OpSpec(Op.PURGE_DEAD, _ADMIN, (_QUEUE,)),
     OpSpec(Op.SWEEP, _ADMIN, ()),
     OpSpec(
@@ -1052,12 +1080,28 @@ PUSHED_JOB_FIELDS: Final = (
 )
 
 
-def job_info(job: JobSnapshot) -> dict[str, Any]:
-    """A job object for a ``get_job`` reply; the stored payload bytes are spliced, not decoded."""
+#: The states a job object's ``state`` names (docs/protocol.md, "get_job"), in the order a
+#: job usually passes them. A stored job is ``pending``, ``processing`` or ``dead``; a
+#: pending one is ``ready`` once its ``ready_at`` has come, ``scheduled`` before.
+JOB_STATES: Final = ("ready", "scheduled", "processing", "dead")
+
+
+def job_state(job: JobSnapshot, now: float) -> str:
+    """The name of ``job``'s state at ``now``: one of :data:`JOB_STATES`."""
+    state = str(job.state)
+    if state == "pending":
+        return "ready" if job.ready_at <= now else "scheduled"
+    return state
+
+
+def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
+    """A job object for a ``get_job`` reply, its state as of ``now`` (the broker's clock:
+    a pending job is ``ready`` or ``scheduled`` by its ``ready_at``); the stored payload
+    bytes are spliced, not decoded."""
     return {
         "id": job.id,
         "queue": job.queue,
-        "state": str(job.state),
+        "state": job_state(job, now),
         "payload": raw_json(job.payload_json),
         "priority": job.priority,
         "attempts": job.attempts,

@@ -222,7 +222,7 @@ async def test_a_second_broker_on_the_same_database_is_refused(tmp_path: Path) -
             assert "Traceback" not in message and message.count("\n") == 1, message
             # The first goes on as before, its job and its claim log untouched.
             info = await client.get_job(job)
-            assert info is not None and info.state == "pending"
+            assert info is not None and info.state == "ready"
             await client.enqueue("emails", {"to": "d@e.f"})
         assert await first.stop() == 0
     # Once the first has stopped, a broker starts on the database and finds both jobs.
@@ -290,9 +290,9 @@ async def test_a_clean_restart_keeps_every_job_field_for_field(tmp_path: Path) -
 
     assert all(before.values())
     assert [info.state for info in before.values() if info] == [
-        "pending",
-        "pending",
-        "pending",
+        "ready",
+        "ready",
+        "scheduled",
         "dead",
     ]
     assert after == before

@@ -47,7 +47,7 @@ async def test_enqueue_with_every_option_shows_in_get_job(client: Client) -> Non
     assert isinstance(info, JobInfo)
     assert info.id == job_id
     assert info.queue == "emails"
-    assert info.state == "pending"
+    assert info.state == "ready"
     assert info.payload == {"to": "a@b.c", "n": [1, 2.5, None, True]}
     assert info.priority == 7
     assert info.attempts == 0
@@ -134,8 +134,10 @@ async def test_cancel_deletes_the_job_once(client: Client) -> None:
 
 
 async def test_stats_per_queue_as_plain_data(client: Client) -> None:
-    await client.enqueue_many("s1", [1, 2])
+    ids = await client.enqueue_many("s1", [1, 2])
     await client.enqueue("s2", 3, delay_s=60.0)
+    first = await client.get_job(ids[0])
+    assert first is not None
 
     everything = await client.stats()
     assert set(everything) >= {"s1", "s2"}
@@ -145,6 +147,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
         "processing": 0,
         "dead": 0,
         "paused": False,
+        "oldest_ready_at": first.ready_at,
         "totals": {
             "enqueued": 2,
             "completed": 0,
@@ -156,6 +159,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
     }
     assert list(await client.stats("s2")) == ["s2"]
     assert (await client.stats("s2"))["s2"]["scheduled"] == 1
+    assert (await client.stats("s2"))["s2"]["oldest_ready_at"] is None  # none ready
     with pytest.raises(NotFound):
         await client.stats("never-used")
 
@@ -180,7 +184,7 @@ async def test_pause_holds_jobs_back_until_resume(
         await client.enqueue("second", "b")
         await asyncio.wait_for(got["second"].wait(), WAIT)
         info = await client.get_job(held)
-        assert info is not None and (info.state, info.attempts) == ("pending", 0)
+        assert info is not None and (info.state, info.attempts) == ("ready", 0)
 
         await client.resume("first")
         assert (await client.stats("first"))["first"]["paused"] is False

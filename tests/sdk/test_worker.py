@@ -397,7 +397,7 @@ async def test_stop_finishes_the_running_job_and_takes_no_new_one(
     assert (await probe.report("ack", first)).result == {"landed": True}
     assert await client.get_job(first) is None
     info = await client.get_job(second)
-    assert info is not None and (info.state, info.attempts) == ("pending", 0)
+    assert info is not None and (info.state, info.attempts) == ("ready", 0)
 
 
 async def test_a_handler_past_the_shutdown_timeout_is_cancelled_and_its_job_lapses(

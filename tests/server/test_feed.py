@@ -286,7 +286,7 @@ async def test_a_followed_job_is_shown_live_until_it_is_gone(client: ClientFacto
     pending = await snapshot_where(viewer, lambda s: s["job"] is not None)
     info = (await publisher.call("get_job", id=job_id))["job"]
     assert pending["job"] == info  # every member of get_job, equal
-    assert pending["job"]["state"] == "pending"
+    assert pending["job"]["state"] == "ready"
     assert pending["job"]["payload"] == {"to": "<b>x</b>"}
 
     worker = await client()

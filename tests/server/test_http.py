@@ -306,3 +306,24 @@ def test_gc_pauses_are_timed_per_generation_into_inclusive_buckets() -> None:
     assert got[("conveyor_gc_pause_seconds_bucket", "2", "0.5")] == 1
     assert got[("conveyor_gc_pause_seconds_sum", "2", None)] == pytest.approx(0.3)
     assert got[("conveyor_gc_pause_seconds_count", "1", None)] == 0
+
+
+async def test_job_durations_count_each_landed_report_by_outcome(
+    broker: Broker, client: ClientFactory
+) -> None:
+    publisher = await client()
+    for i in range(3):
+        await publisher.call("enqueue", queue="dur", payload=i)
+    worker = await client()
+    await worker.call("subscribe", worker_id="w", queues=["dur"], prefetch=3)
+    first, second, third = await worker.jobs(3)
+    await worker.call("ack_batch", items=[{"id": first["id"], "lease": first["lease"]}])
+    await worker.call("retry", id=second["id"], lease=second["lease"], delay_s=3600)
+    await worker.call("fail", id=third["id"], lease=third["lease"])
+    # A report that does not land (the lease is used up) is not counted.
+    await worker.call("ack", id=first["id"], lease=first["lease"])
+    got = await scrape(broker)
+    for outcome in ("ok", "retry", "dead"):
+        count = sample(got, "conveyor_job_duration_seconds_count", queue="dur", outcome=outcome)
+        assert count == 1, outcome
+    assert sample(got, "conveyor_queue_oldest_ready_age_seconds", queue="dur") == 0.0

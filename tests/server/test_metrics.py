@@ -62,8 +62,9 @@ def busy_table() -> JobTable:
 class ReferenceCollector(Collector):
     """The table's families built from prometheus_client's own metric objects."""
 
-    def __init__(self, table: JobTable, workers: int, connections: int) -> None:
+    def __init__(self, table: JobTable, workers: int, connections: int, now: float) -> None:
         self.table, self.workers, self.connections = table, workers, connections
+        self.now = now
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
@@ -71,6 +72,11 @@ class ReferenceCollector(Collector):
         )
         paused = GaugeMetricFamily(
             "conveyor_queue_paused", "1 if the queue is paused.", labels=["queue"]
+        )
+        ages = GaugeMetricFamily(
+            "conveyor_queue_oldest_ready_age_seconds",
+            "Seconds the oldest ready job of a queue has waited since it became ready (0: none).",
+            labels=["queue"],
         )
         totals = {
             name: CounterMetricFamily(
@@ -83,12 +89,15 @@ class ReferenceCollector(Collector):
             for state in ("ready", "scheduled", "processing", "dead"):
                 jobs.add_metric([name, state], getattr(stats, state))
             paused.add_metric([name], 1.0 if stats.paused else 0.0)
+            oldest = stats.oldest_ready_at
+            ages.add_metric([name], 0.0 if oldest is None else self.now - oldest)
             t = stats.totals
             values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
             for total, value in zip(TOTALS, values, strict=True):
                 totals[total].add_metric([name], value)
         yield jobs
         yield paused
+        yield ages
         yield from totals.values()
         yield GaugeMetricFamily(
             "conveyor_workers_connected", "Subscribed worker connections.", value=self.workers
@@ -117,10 +126,10 @@ def samples(body: bytes) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 def test_the_table_families_parse_to_what_prometheus_client_writes() -> None:
     table = busy_table()
     registry = CollectorRegistry()
-    registry.register(ReferenceCollector(table, workers=2, connections=5))
+    registry.register(ReferenceCollector(table, workers=2, connections=5, now=1_010.0))
     expected = families(generate_latest(registry).decode())
 
-    got = families(render_table(stats_of(table)(), workers=2, connections=5))
+    got = families(render_table(stats_of(table)(), workers=2, connections=5, now=1_010.0))
 
     assert got == expected
     by_name = {name: found for name, _type, _help, found in got}
@@ -206,3 +215,43 @@ def test_a_table_of_five_thousand_queues_renders_every_queue() -> None:
     enqueued = {labels["queue"]: value for _, labels, value in got["conveyor_jobs_enqueued"]}
     assert len(enqueued) == 5_000
     assert (enqueued["q0"], enqueued["q4001"], enqueued["q4999"]) == (0, 2, 1)
+
+
+def test_the_oldest_ready_age_is_now_minus_the_oldest_ready_time_and_0_for_none() -> None:
+    table, clock = make_table()
+    q = table.queue("q")
+    q.enqueue("first")
+    clock.now += 5
+    q.enqueue("urgent", priority=9)  # claimed first, but not the oldest
+    table.queue("idle").enqueue("later", delay_s=60)
+    clock.now += 25
+    body = render_table(stats_of(table)(), workers=0, connections=0, now=clock.now)
+    got = samples(body.encode())
+    age = "conveyor_queue_oldest_ready_age_seconds"
+    assert got[(age, frozenset({("queue", "q")}))] == 30.0
+    assert got[(age, frozenset({("queue", "idle")}))] == 0.0  # nothing ready there
+    handle = q.claim_one("w")
+    assert handle is not None and handle.payload_json == b'"urgent"'
+    body = render_table(stats_of(table)(), workers=0, connections=0, now=clock.now)
+    assert samples(body.encode())[(age, frozenset({("queue", "q")}))] == 30.0
+
+
+def test_push_latency_buckets_reach_five_minutes_and_job_durations_are_labelled() -> None:
+    table, _clock = make_table()
+    metrics = Metrics(stats_of(table), workers=lambda: 0, connections=lambda: 0, max_age_s=0)
+    metrics.push_latency.observe_many([0.001, 45.0, 200.0, 1000.0])
+    metrics.job_duration.observe("q", "ok", 0.2)
+    metrics.job_duration.observe("q", "ok", 70.0)
+    metrics.job_duration.observe("q", "dead", 3.0)
+    got = samples(metrics.render())
+    bucket = "conveyor_push_latency_seconds_bucket"
+    assert got[(bucket, frozenset({("le", "5.0")}))] == 1
+    assert got[(bucket, frozenset({("le", "60.0")}))] == 2
+    assert got[(bucket, frozenset({("le", "300.0")}))] == 3
+    assert got[(bucket, frozenset({("le", "+Inf")}))] == 4
+    ok = frozenset({("queue", "q"), ("outcome", "ok")})
+    assert got[("conveyor_job_duration_seconds_count", ok)] == 2
+    assert got[("conveyor_job_duration_seconds_sum", ok)] == 70.2
+    assert got[("conveyor_job_duration_seconds_bucket", ok | {("le", "60.0")})] == 1
+    dead = frozenset({("queue", "q"), ("outcome", "dead")})
+    assert got[("conveyor_job_duration_seconds_count", dead)] == 1

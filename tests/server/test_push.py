@@ -231,7 +231,7 @@ async def test_delayed_job_is_pushed_at_its_ready_time(
     await worker.call("subscribe", worker_id="w1", queues=["q"], prefetch=1)
     job_id = await enqueue(publisher, "q", "later", delay_s=30)
     info = (await publisher.call("get_job", id=job_id))["job"]
-    assert info["state"] == "pending"
+    assert info["state"] == "scheduled"
     assert info["ready_at"] == pytest.approx(info["enqueued_at"] + 30)
     scheduler.advance(30 - STEP)
     assert await jobs_held_back(worker) == []  # never early
@@ -255,7 +255,7 @@ async def test_retry_with_delay_is_pushed_again_later_as_the_next_attempt(
     reply = await worker.call("retry", id=job_id, lease=job["lease"], error="boom", delay_s=30)
     assert reply["landed"] is True
     info = (await publisher.call("get_job", id=job_id))["job"]
-    assert (info["state"], info["last_error"], info["worker_id"]) == ("pending", "boom", None)
+    assert (info["state"], info["last_error"], info["worker_id"]) == ("scheduled", "boom", None)
     assert await jobs_held_back(worker) == []  # not at once
 
     scheduler.advance(30 - STEP)

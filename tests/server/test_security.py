@@ -45,7 +45,9 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("enqueue_each", {"jobs": [{"queue": "q", "payload": 3}]}),
     ("get_job", {"id": "no-such-job"}),
     ("cancel", {"id": "no-such-job"}),
+    ("cancel_batch", {"ids": ["no-such-job"]}),
     ("stats", {}),
+    ("list_jobs", {"queue": "q", "state": "ready"}),
     ("subscribe", {"worker_id": "w", "queues": ["other"], "prefetch": 1}),
     ("unsubscribe", {}),
     ("ack", {"id": "x", "lease": "y"}),
@@ -57,6 +59,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("pause", {"queue": "q"}),
     ("resume", {"queue": "q"}),
     ("redrive", {"id": "x"}),
+    ("redrive_all", {"queue": "q"}),
     ("purge_dead", {"queue": "q"}),
     ("sweep", {}),
     ("watch", {}),
@@ -64,7 +67,16 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
 
 # docs/protocol.md §4, "Roles".
 ALLOWED = {
-    Role.PUBLISH: {"enqueue", "enqueue_batch", "enqueue_each", "get_job", "cancel", "stats"},
+    Role.PUBLISH: {
+        "enqueue",
+        "enqueue_batch",
+        "enqueue_each",
+        "get_job",
+        "cancel",
+        "cancel_batch",
+        "stats",
+        "list_jobs",
+    },
     Role.WORK: {
         "subscribe",
         "unsubscribe",
@@ -76,7 +88,7 @@ ALLOWED = {
         "heartbeat_batch",
         "get_job",
     },
-    Role.READ: {"get_job", "stats", "watch"},
+    Role.READ: {"get_job", "stats", "list_jobs", "watch"},
     Role.ADMIN: {op for op, _ in REQUESTS},
 }
 
@@ -97,7 +109,10 @@ async def test_each_role_may_call_only_its_operations(client: ClientFactory, rol
     assert hello["roles"] == [role.value]
     for op, fields in REQUESTS:
         reply = await conn.request(op, **fields)
-        if op in ALLOWED[role]:
+        if op in ALLOWED[role] and role is Role.READ and op == "list_jobs":
+            # Allowed: the queue is not found, as a reader cannot make one.
+            assert error_code(reply) == "not_found", (role, op, reply)
+        elif op in ALLOWED[role]:
             assert reply["ok"] is True, (role, op, reply)
         else:
             assert error_code(reply) == "forbidden", (role, op, reply)

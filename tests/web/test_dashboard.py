@@ -227,7 +227,7 @@ async def test_admin_can_pause_redrive_cancel_and_purge(broker: Broker, tab: Tab
         await page.get_by_test_id("job-input").fill(first)
         await page.get_by_test_id("job-submit").click()
         view = page.get_by_test_id("job-view")
-        await expect(view).to_have_attribute("data-state", "pending")
+        await expect(view).to_have_attribute("data-state", "ready")
         tab.seen.confirm = False
         async with page.expect_event("dialog"):
             await page.get_by_test_id("job-cancel").click()

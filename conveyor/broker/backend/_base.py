@@ -55,6 +55,7 @@ __all__ = [
     "Claim",
     "Claimed",
     "Enqueue",
+    "JobList",
     "Later",
     "Listener",
     "Pending",
@@ -66,6 +67,21 @@ __all__ = [
 
 # A backend's failure is a store's failure: the broker stops on either.
 BackendError = StoreError
+
+#: How many dead jobs ``redrive_all`` moves per step: each step is its own engine call
+#: and commit (its own transaction for PostgreSQL), so that a million dead letters never
+#: hold the event loop, or a table's locks, for the whole move.
+REDRIVE_CHUNK = 10_000
+
+
+class JobList(NamedTuple):
+    """A page of ``list_jobs``: the jobs, the key after which the next page starts
+    (``None``: no job of that state follows), and the count of that state in the queue,
+    read from its counters (CST-4)."""
+
+    jobs: list[Job]
+    next: tuple[Any, ...] | None
+    total: int
 
 
 class Pending(Protocol[T_co]):
@@ -390,6 +406,27 @@ class Backend(Protocol):
 
     def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> Pending[list[Job]]:
         """A page of ``queue``'s dead jobs, the most recent death first."""
+        ...
+
+    def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        after: tuple[Any, ...] | None = None,
+        limit: int = 50,
+        search: str | None = None,
+    ) -> Pending[JobList | None]:
+        """A page of ``queue``'s jobs in ``state`` (``ready``, ``scheduled``,
+        ``processing`` or ``dead``), in that state's order, starting after the key
+        ``after`` (LST-1 to LST-4: the orders and keys are ``engine.Queue.list_jobs``');
+        with ``search``, at most ``engine.SEARCH_SCAN`` jobs are looked at. ``None``: no
+        such queue. Raises ``InvalidArgument`` for a bad state, limit or key."""
+        ...
+
+    def redrive_all(self, queue: str) -> Pending[int | None]:
+        """Redrive every job dead in ``queue`` when the call is made (OPS-8): how many
+        (``None``: no such queue). Done in steps of ``REDRIVE_CHUNK``, each on its own:
+        not one atomic change (a job dying meanwhile may stay dead)."""
         ...
 
     def stats(self, queues: Sequence[str] | None = None) -> Pending[dict[str, QueueStats]]:

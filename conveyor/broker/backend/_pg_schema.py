@@ -634,7 +634,23 @@ END $$;
 """
 )
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+# v7: listing a queue's jobs by state page by page (list_jobs: keyset pagination, each
+# state's order an index range), and the oldest ready time of a queue (stats) as one
+# index probe. Ready and scheduled are told apart by ``sched``, which the listing and
+# stats bring up to date first (_MATURE). Processing rows come in claim order: a lease
+# is the table's prefix, "L" and the claim's count in hex without leading zeros, so
+# (length, text) orders leases by that count. Dead rows use conveyor_jobs_dead.
+_V7 = """
+CREATE INDEX conveyor_jobs_list_ready ON conveyor_jobs (queue, (-(priority::bigint)), ready_at, seq)
+    WHERE state = 'pending' AND NOT sched;
+CREATE INDEX conveyor_jobs_list_sched ON conveyor_jobs (queue, ready_at, seq) WHERE sched;
+CREATE INDEX conveyor_jobs_list_claims ON conveyor_jobs (queue, length(lease), lease)
+    WHERE state = 'processing';
+CREATE INDEX conveyor_jobs_ready_age ON conveyor_jobs (queue, ready_at)
+    WHERE state = 'pending' AND NOT sched;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from ..commit import CommitGate
 from ..egress import IMMEDIATE, Gate
 from ..engine import (
+    LIST_STATES,
     InvalidArgument,
     Job,
     JobHandle,
@@ -34,7 +35,18 @@ from ..engine import (
 )
 from ..scheduler import Handle, Scheduler
 from ..store import Store, StoreError
-from ._base import Backend, Claim, Claimed, Enqueue, Listener, Ready, Report
+from ._base import (
+    REDRIVE_CHUNK,
+    Backend,
+    Claim,
+    Claimed,
+    Enqueue,
+    JobList,
+    Listener,
+    Pending,
+    Ready,
+    Report,
+)
 from ._listeners import Listeners
 
 __all__ = ["LocalBackend"]
@@ -366,6 +378,56 @@ class LocalBackend:
             return Ready([])
         return Ready(self.table.queue(queue).dead_jobs(offset, limit))
 
+    def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        after: tuple[Any, ...] | None = None,
+        limit: int = 50,
+        search: str | None = None,
+    ) -> Ready[JobList | None]:
+        self._check()
+        if queue not in self.table.queues():
+            if state not in LIST_STATES:  # (a bad state is named before a missing queue)
+                raise InvalidArgument("state", f"must be one of {', '.join(LIST_STATES)}")
+            return Ready(None)
+        q = self.table.queue(queue)
+        jobs, next_key = q.list_jobs(state, after, limit, search)
+        return Ready(JobList(jobs, next_key, _count(q.stats(), state)))
+
+    def redrive_all(self, queue: str) -> Pending[int | None]:
+        self._check()
+        if queue not in self.table.queues():
+            return Ready(None)
+        q = self.table.queue(queue)
+        left = q.stats().dead
+        if left == 0:
+            return Ready(0)
+        moved = q.redrive_all(min(left, REDRIVE_CHUNK))
+        self._redriven(queue)
+        if moved >= left:
+            return Ready(moved)
+
+        async def rest() -> int:
+            # One chunk per loop turn, each its own commit: the loop (and every other
+            # connection) goes on between them.
+            done = moved
+            while done < left:
+                await asyncio.sleep(0)
+                self._check()
+                step = q.redrive_all(min(left - done, REDRIVE_CHUNK))
+                if step == 0:
+                    break
+                done += step
+                self._redriven(queue)
+            return done
+
+        return asyncio.get_running_loop().create_task(rest())
+
+    def _redriven(self, queue: str) -> None:
+        self._changed()
+        self._listeners.work_waiting(frozenset([queue]))
+
     def stats(self, queues: Sequence[str] | None = None) -> Ready[dict[str, QueueStats]]:
         self._check()
         table = self.table
@@ -412,6 +474,17 @@ class LocalBackend:
 
 def _nothing() -> None:
     pass
+
+
+def _count(stats: QueueStats, state: str) -> int:
+    """The count of ``state`` (a ``LIST_STATES`` name) in ``stats``."""
+    counts = {
+        "ready": stats.ready,
+        "scheduled": stats.scheduled,
+        "processing": stats.processing,
+        "dead": stats.dead,
+    }
+    return counts[state]
 
 
 def _is_a_backend(backend: LocalBackend) -> Backend:

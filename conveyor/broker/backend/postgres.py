@@ -80,6 +80,8 @@ from psycopg.types.json import Jsonb
 
 from ..egress import IMMEDIATE, Gate
 from ..engine import (
+    LIST_STATES,
+    SEARCH_SCAN,
     InvalidArgument,
     Job,
     JobState,
@@ -89,11 +91,12 @@ from ..engine import (
     QueueStats,
     QueueTotals,
     SweepResult,
+    check_list_key,
 )
 from ..engine import _guards as guard
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
-from ._base import Backend, Claim, Claimed, Enqueue, Listener, Report
+from ._base import REDRIVE_CHUNK, Backend, Claim, Claimed, Enqueue, JobList, Listener, Report
 from ._listeners import Listeners
 from ._pg_conn import Conn, Unavailable, close_quietly, connect, unavailable, why
 from ._pg_schema import migrate
@@ -256,6 +259,16 @@ WHERE seq = ANY(%(seqs)s::bigint[]) AND state = 'dead'
 RETURNING seq, queue
 """
 
+_REDRIVE_OLDEST = """
+UPDATE conveyor_jobs SET state = 'pending', attempts = 0, died_at = NULL, ready_at = %(now)s,
+    sched = false
+WHERE seq IN (
+    SELECT seq FROM conveyor_jobs WHERE queue = %(q)s AND state = 'dead'
+    ORDER BY died_at, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED
+)
+RETURNING seq
+"""
+
 _DEAD = """
 UPDATE conveyor_jobs SET state = 'dead', died_at = %(now)s, last_error = %(error)s,
     worker_id = NULL, lease = NULL, deadline = NULL, sched = false
@@ -316,6 +329,27 @@ UPDATE conveyor_jobs SET sched = false
 WHERE sched AND ready_at <= %(now)s AND (%(names)s::text[] IS NULL OR queue = ANY(%(names)s))
 """
 
+# list_jobs, per state: (the rows of the state, the order, the keyset condition) over
+# the v7 indexes. %(q)s is the queue; the key's members are %(k0)s, %(k1)s, %(k2)s.
+_LIST: dict[str, tuple[str, str, str]] = {
+    "ready": (
+        "state = 'pending' AND NOT sched",
+        "-(priority::bigint), ready_at, seq",
+        "(-(priority::bigint), ready_at, seq) > (-(%(k0)s::bigint), %(k1)s, %(k2)s)",
+    ),
+    "scheduled": ("sched", "ready_at, seq", "(ready_at, seq) > (%(k0)s, %(k1)s)"),
+    "processing": (
+        "state = 'processing'",
+        "length(lease), lease",
+        "(length(lease), lease) > (length(%(k0)s::text), %(k0)s::text)",
+    ),
+    "dead": (
+        "state = 'dead'",
+        "died_at DESC, seq DESC",
+        "(died_at, seq) < (%(k0)s, %(k1)s)",
+    ),
+}
+
 _COUNTED = (
     "n_ready, n_scheduled, n_processing, n_dead, enqueued, completed, retried, dead, "
     "expired, cancelled"
@@ -336,7 +370,9 @@ SELECT queue, {_SUMS} FROM folded GROUP BY queue
 
 _STATS = f"""
 SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.enqueued,
-    s.completed, s.retried, s.dead, s.expired, s.cancelled
+    s.completed, s.retried, s.dead, s.expired, s.cancelled,
+    (SELECT min(j.ready_at) FROM conveyor_jobs j
+        WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
 WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
@@ -1081,6 +1117,19 @@ class PostgresBackend:
     def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> asyncio.Task[list[Job]]:
         return self._spawn(self._dead_jobs(queue, offset, limit))
 
+    def list_jobs(
+        self,
+        queue: str,
+        state: str,
+        after: tuple[Any, ...] | None = None,
+        limit: int = 50,
+        search: str | None = None,
+    ) -> asyncio.Task[JobList | None]:
+        return self._spawn(self._list_jobs(queue, state, after, limit, search))
+
+    def redrive_all(self, queue: str) -> asyncio.Task[int | None]:
+        return self._spawn(self._redrive_all(queue))
+
     def stats(self, queues: Sequence[str] | None = None) -> asyncio.Task[dict[str, QueueStats]]:
         return self._spawn(self._stats(queues))
 
@@ -1736,29 +1785,144 @@ class PostgresBackend:
         names = None if queues is None else [name for name in queues if isinstance(name, str)]
 
         async def work(now: float) -> dict[str, QueueStats]:
-            conn = self._conn
-            async with conn.transaction():
-                # Scheduled jobs that matured since move to ready, each once (CST-2).
-                await conn.execute(_MATURE, {"now": now, "names": names})
-                await self._fold(names)
-                cur = await conn.execute(_STATS, {"names": names})
-                rows = await cur.fetchall()
-            found = {
-                row[0]: QueueStats(
-                    ready=row[1] or 0,
-                    scheduled=row[2] or 0,
-                    processing=row[3] or 0,
-                    dead=row[4] or 0,
-                    paused=row[5],
-                    totals=QueueTotals(*(count or 0 for count in row[6:12])),
-                )
-                for row in rows
-            }
-            if names is None:
-                return found
-            return {name: found[name] for name in names if name in found}
+            async with self._conn.transaction():
+                return await self._stats_at(now, names)
 
         return await self._call(work, changes=False)
+
+    async def _stats_at(self, now: float, names: list[str] | None) -> dict[str, QueueStats]:
+        """The stats of the queues ``names`` (every queue for ``None``), in the caller's
+        transaction."""
+        conn = self._conn
+        # Scheduled jobs that matured since move to ready, each once (CST-2).
+        await conn.execute(_MATURE, {"now": now, "names": names})
+        await self._fold(names)
+        cur = await conn.execute(_STATS, {"names": names})
+        rows = await cur.fetchall()
+        found = {
+            row[0]: QueueStats(
+                ready=row[1] or 0,
+                scheduled=row[2] or 0,
+                processing=row[3] or 0,
+                dead=row[4] or 0,
+                paused=row[5],
+                totals=QueueTotals(*(count or 0 for count in row[6:12])),
+                oldest_ready_at=row[12],
+            )
+            for row in rows
+        }
+        if names is None:
+            return found
+        return {name: found[name] for name in names if name in found}
+
+    async def _list_jobs(
+        self,
+        queue: str,
+        state: str,
+        after: tuple[Any, ...] | None,
+        limit: int,
+        search: str | None,
+    ) -> JobList | None:
+        if state not in LIST_STATES:
+            raise InvalidArgument("state", f"must be one of {', '.join(LIST_STATES)}")
+        guard.positive_int("limit", limit)
+        if after is not None:
+            check_list_key(state, after)
+        if search is not None and not isinstance(search, str):
+            raise InvalidArgument("search", "must be a string")
+        rows_of, order, keyset = _LIST[state]
+        params: dict[str, Any] = {"q": queue}
+        where = f"queue = %(q)s AND {rows_of}"
+        if after is not None:
+            where += f" AND {keyset}"
+            if state == "processing":
+                params["k0"] = f"{self.id_prefix}L{after[0]:x}"
+            else:
+                params.update({f"k{i}": value for i, value in enumerate(after)})
+        if search is None:
+            sql = f"SELECT {_JOB_COLUMNS}, lease FROM conveyor_jobs WHERE {where} "
+            sql += f"ORDER BY {order} LIMIT %(n)s"
+            params["n"] = limit + 1  # (one more: whether a next page exists)
+        else:
+            # At most SEARCH_SCAN rows are looked at (LST-4); the last one comes too, so
+            # that the next call goes on after it, match or not.
+            sql = (
+                f"WITH w AS (SELECT {_JOB_COLUMNS}, lease, "
+                f"row_number() OVER (ORDER BY {order}) AS n "
+                f"FROM (SELECT * FROM conveyor_jobs WHERE {where} ORDER BY {order} "
+                "LIMIT %(scan)s) s) "
+                "SELECT * FROM w WHERE n = (SELECT max(n) FROM w) OR seq = %(seq)s "
+                "OR key = %(search)s OR position(%(needle)s::bytea IN payload) > 0 "
+                "ORDER BY n"
+            )
+            params.update(
+                scan=SEARCH_SCAN,
+                seq=self._seq(search),
+                search=search,
+                needle=search.encode(),
+            )
+
+        async def work(now: float) -> tuple[list[tuple[Any, ...]], dict[str, QueueStats]]:
+            async with self._conn.transaction():
+                stats = await self._stats_at(now, [queue])
+                if not stats:
+                    return [], stats
+                cur = await self._conn.execute(sql, params, prepare=False)
+                return await cur.fetchall(), stats
+
+        rows, stats = await self._call(work, changes=False)
+        counts = stats.get(queue)
+        if counts is None:
+            return None
+        total = {
+            "ready": counts.ready,
+            "scheduled": counts.scheduled,
+            "processing": counts.processing,
+            "dead": counts.dead,
+        }[state]
+        if search is None:
+            more = len(rows) > limit
+            page = rows[:limit]
+            next_key = _list_key(state, page[-1]) if more else None
+            return JobList([self._job(row[:-1]) for row in page], next_key, total)
+        # The window's rows that matched, and its last row (a match or not).
+        last_n = rows[-1][-1] if rows else 0
+        needle = search.encode()
+        seq = self._seq(search)
+        jobs: list[tuple[Any, ...]] = []
+        for row in rows:
+            if row[0] == seq or row[17] == search or needle in bytes(row[3]):
+                if len(jobs) == limit:
+                    return JobList(
+                        [self._job(r[:-2]) for r in jobs], _list_key(state, jobs[-1]), total
+                    )
+                jobs.append(row)
+        next_key = _list_key(state, rows[-1]) if last_n >= SEARCH_SCAN else None
+        return JobList([self._job(r[:-2]) for r in jobs], next_key, total)
+
+    async def _redrive_all(self, queue: str) -> int | None:
+        """OPS-8: the queue's dead rows at the call, longest dead first, one transaction
+        per REDRIVE_CHUNK rows (each a range of conveyor_jobs_dead)."""
+        counted = await self._stats([queue])
+        if queue not in counted:
+            return None
+        left = counted[queue].dead
+        done = 0
+        while done < left:
+            step = min(left - done, REDRIVE_CHUNK)
+
+            async def work(now: float, step: int = step) -> list[tuple[Any, ...]]:
+                cur = await self._conn.execute(
+                    _REDRIVE_OLDEST, {"now": now, "q": queue, "n": step}, prepare=False
+                )
+                return await cur.fetchall()
+
+            rows = await self._call(work, changes=True)
+            if not rows:
+                break
+            done += len(rows)
+            self._listeners.work_waiting(frozenset([queue]))
+        return done
 
     async def _sweep(self) -> SweepResult:
         return await self._call(self._sweep_at, changes=True)
@@ -1816,6 +1980,23 @@ def _claim_problem(claim: Claim) -> InvalidArgument | None:
     if isinstance(claim.n, bool) or not isinstance(claim.n, int):
         return InvalidArgument("n", f"must be an int, got {type(claim.n).__name__}")
     return None
+
+
+def _list_key(state: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The list_jobs key of a listed row (``_JOB_COLUMNS`` then its lease), as
+    ``engine.Queue.list_jobs`` makes it."""
+    if state == "ready":
+        return (row[4], row[11], row[0])  # priority, ready_at, seq
+    if state == "scheduled":
+        return (row[11], row[0])
+    if state == "processing":
+        return (_lease_number(row[18]),)
+    return (row[16], row[0])  # died_at, seq
+
+
+def _lease_number(lease: str | None) -> int:
+    """The count a lease was issued under: the hex digits after its last ``L``."""
+    return int((lease or "L0").rsplit("L", 1)[1], 16)
 
 
 def _opts(row: tuple[Any, ...]) -> QueueOpts:

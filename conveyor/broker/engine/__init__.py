@@ -16,20 +16,25 @@ from ._errors import InvalidArgument, PayloadTooLarge
 from ._guards import queue_name as check_queue_name
 from ._table import (
     CLAIM_FIELDS,
+    LIST_STATES,
     QUEUE_FIELDS,
     ROW_FIELDS,
+    SEARCH_SCAN,
     UPDATE_FIELDS,
     Changes,
     JobHandle,
     JobTable,
     Queue,
+    check_list_key,
 )
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
 __all__ = [
     "CLAIM_FIELDS",
+    "LIST_STATES",
     "QUEUE_FIELDS",
     "ROW_FIELDS",
+    "SEARCH_SCAN",
     "UPDATE_FIELDS",
     "Changes",
     "InvalidArgument",
@@ -45,5 +50,6 @@ __all__ = [
     "QueueTotals",
     "RawJSON",
     "SweepResult",
+    "check_list_key",
     "check_queue_name",
 ]

@@ -1,4 +1,5 @@
-"""A binary heap with lazy deletion, the engine's one index structure.
+"""A binary heap with lazy deletion, the engine's claim index structure, and the sorted
+indexes a listing reads (``Ranked``, ``Log``).
 
 Entries are tuples whose last element is the row they stand for. The row keeps a
 reference to its live entry in the attribute this heap was made with; an entry whose
@@ -9,11 +10,15 @@ when stale entries outnumber live ones (a rebuild that is O(1) amortised per for
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+from collections.abc import Iterable, Iterator
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-__all__ = ["Fifo", "Heap", "Line"]
+from sortedcontainers import SortedList
+
+__all__ = ["IN_FIFO", "Fifo", "Heap", "Line", "Log", "Ranked"]
 
 # Below this many stale entries a rebuild is not worth its cost.
 _MIN_STALE_TO_COMPACT = 64
@@ -83,22 +88,35 @@ class Heap:
 _IN_FIFO = ("in a fifo",)  # a row's ``_entry`` while it waits in a Fifo
 
 
+class _Lane:
+    """One priority's line of a ``Fifo``: its rows oldest first, from ``head`` on (a list
+    and a start index rather than a deque, so that a listing can bisect it)."""
+
+    __slots__ = ("head", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[Any] = []
+        self.head = 0
+
+
 class Fifo:
     """Fresh ready rows, one first-in-first-out line per priority.
 
     A job that is ready when it is enqueued gets the largest ``(ready time, seq)`` so
     far (the clock never goes back, seq only grows), so among fresh rows of one
-    priority arrival order *is* claim order: an O(1) append and popleft, and 8 bytes
-    per row instead of a heap entry. Rows come here once, at enqueue; every later
+    priority arrival order *is* claim order: an O(1) append and pop from the front, and
+    8 bytes per row instead of a heap entry. Rows come here once, at enqueue; every later
     return to ready (retry, redrive, a matured delay, a lapsed lease) goes to the heap,
     so a row is never in a line twice and ``row._entry is _IN_FIFO`` tells a live
-    place from a stale one. Removal from the middle is lazy, as in ``Heap``.
+    place from a stale one. Removal from the middle is lazy, as in ``Heap``. A fresh
+    row's ready time is its enqueue time, which never changes, so a line is sorted by
+    ``(enqueued_at, seq)``, stale rows included: ``lanes`` lets a listing bisect it.
     """
 
     __slots__ = ("_levels", "_lines", "size", "stale")
 
     def __init__(self) -> None:
-        self._lines: dict[int, deque[Any]] = {}  # priority -> rows, oldest first
+        self._lines: dict[int, _Lane] = {}  # priority -> rows, oldest first
         self._levels: list[int] = []  # -priority of every line, a heap
         self.size = 0  # rows in the lines, stale ones included
         self.stale = 0
@@ -107,9 +125,9 @@ class Fifo:
         """Add a fresh ready row (its key must exceed every key in its line)."""
         line = self._lines.get(row.priority)
         if line is None:
-            line = self._lines[row.priority] = deque()
+            line = self._lines[row.priority] = _Lane()
             heappush(self._levels, -row.priority)
-        line.append(row)
+        line.rows.append(row)
         row._entry = _IN_FIFO
         self.size += 1
 
@@ -118,18 +136,31 @@ class Fifo:
         levels, lines = self._levels, self._lines
         while levels:
             line = lines[-levels[0]]
-            while line and line[0]._entry is not _IN_FIFO:
-                line.popleft()
-                self.size -= 1
-                self.stale -= 1
-            if line:
-                return line[0]
+            if self._skip_stale(line):
+                return line.rows[line.head]
             del lines[-heappop(levels)]
         return None
 
+    def _skip_stale(self, line: _Lane) -> bool:
+        """Move ``line``'s head past stale rows; whether a live row is left."""
+        rows, head = line.rows, line.head
+        end = len(rows)
+        while head < end and rows[head]._entry is not _IN_FIFO:
+            head += 1
+            self.size -= 1
+            self.stale -= 1
+        line.head = head
+        return head < end
+
     def pop(self) -> Any:
         """Remove the row ``top()`` just returned."""
-        row = self._lines[-self._levels[0]].popleft()
+        line = self._lines[-self._levels[0]]
+        rows = line.rows
+        row = rows[line.head]
+        line.head += 1
+        if line.head > _MIN_STALE_TO_COMPACT and line.head * 2 > len(rows):
+            del rows[: line.head]  # (amortised O(1): at most once per half of the line)
+            line.head = 0
         row._entry = None
         self.size -= 1
         return row
@@ -139,10 +170,131 @@ class Fifo:
         row._entry = None
         self.stale += 1
         if self.stale > _MIN_STALE_TO_COMPACT and self.stale * 2 > self.size:
-            for priority, line in self._lines.items():
-                self._lines[priority] = deque(r for r in line if r._entry is _IN_FIFO)
+            for line in self._lines.values():
+                line.rows = [r for r in line.rows[line.head :] if r._entry is _IN_FIFO]
+                line.head = 0
             self.size -= self.stale
             self.stale = 0
+
+    def lanes(self) -> list[tuple[int, list[Any], int]]:
+        """``(priority, rows, head)`` of each line: the live rows are those of
+        ``rows[head:]`` whose ``_entry is IN_FIFO``. For reading only, at once."""
+        return [(priority, line.rows, line.head) for priority, line in self._lines.items()]
+
+    def oldest_ready_at(self) -> float | None:
+        """The earliest ready time of a live row, or ``None``: each line's head is its
+        oldest, so O(priorities), not O(rows)."""
+        oldest = None
+        for line in self._lines.values():
+            if self._skip_stale(line):
+                at = line.rows[line.head].ready_at
+                if oldest is None or at < oldest:
+                    oldest = at
+        return oldest
+
+
+#: What a live row's ``_entry`` is while it waits in a ``Fifo``.
+IN_FIFO = _IN_FIFO
+
+
+class Ranked:
+    """A sorted index of ``(key..., seq, row)`` entries, for listing a state page by page:
+    O(log n) to add or remove an entry, O(log n + k) to read k entries from any key on
+    (keyset pagination). The row keeps its live entry in ``row._rank`` and this index in
+    ``row._ranked``, so a removal needs no search by the caller. A B-tree-like list of
+    lists (``sortedcontainers.SortedList``) under a typed face."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, entries: Iterable[tuple[Any, ...]] = ()) -> None:
+        self._items = SortedList(entries)
+        for entry in self._items:
+            row = entry[-1]
+            row._rank = entry
+            row._ranked = self
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, entry: tuple[Any, ...]) -> None:
+        self._items.add(entry)
+        row = entry[-1]
+        row._rank = entry
+        row._ranked = self
+
+    def remove(self, row: Any) -> None:
+        """Take ``row``'s entry out (the row must be in this index)."""
+        self._items.remove(row._rank)
+        row._rank = row._ranked = None
+
+    def from_key(self, low: tuple[Any, ...] | None) -> Iterator[tuple[Any, ...]]:
+        """The entries not below ``low`` (all when ``None``), smallest first."""
+        if low is None:
+            return iter(self._items)
+        return iter(self._items.irange(minimum=low))
+
+    def to_key(self, high: tuple[Any, ...] | None) -> Iterator[tuple[Any, ...]]:
+        """The entries not above ``high`` (all when ``None``), largest first."""
+        if high is None:
+            return iter(reversed(self._items))
+        return iter(self._items.irange(maximum=high, reverse=True))
+
+    def at(self, index: int) -> tuple[Any, ...]:
+        """The entry at position ``index`` (negative counts from the end), O(log n)."""
+        return self._items[index]  # type: ignore[no-any-return]
+
+
+class Log:
+    """Entries ``(number, row)`` appended in increasing ``number`` (claims in the order
+    they were made): an O(1) append, an O(1) lazy removal, O(log n) to find a number.
+
+    As in ``Heap``, ``row._rank`` is the live entry (and ``row._ranked`` this log); a
+    removed entry stays behind, stale, until stale entries outnumber live ones and the
+    log is rebuilt (O(1) amortised per removal). Reading skips stale entries.
+    """
+
+    __slots__ = ("_entries", "stale")
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[int, Any]] = []
+        self.stale = 0
+
+    def __len__(self) -> int:
+        return len(self._entries) - self.stale
+
+    def add(self, entry: tuple[int, Any]) -> None:
+        """Append ``entry``, whose number must exceed every number in the log."""
+        self._entries.append(entry)
+        row = entry[-1]
+        row._rank = entry
+        row._ranked = self
+
+    def extend(self, entries: Iterable[tuple[int, Any]]) -> None:
+        """Add entries in any order (a restore), sorting the log once."""
+        for entry in entries:
+            self.add(entry)
+        self._entries.sort(key=_number)
+
+    def remove(self, row: Any) -> None:
+        row._rank = row._ranked = None
+        self.stale += 1
+        entries = self._entries
+        if self.stale > _MIN_STALE_TO_COMPACT and self.stale * 2 > len(entries):
+            self._entries = [e for e in entries if e[-1]._rank is e]
+            self.stale = 0
+
+    def after(self, number: int | None) -> Iterator[tuple[int, Any]]:
+        """The live entries whose number is above ``number`` (all when ``None``), in order."""
+        entries = self._entries
+        start = 0 if number is None else bisect_right(entries, number, key=_number)
+        for i in range(start, len(entries)):
+            entry = entries[i]
+            if entry[-1]._rank is entry:
+                yield entry
+
+
+def _number(entry: tuple[int, Any]) -> int:
+    return entry[0]
 
 
 class Line(Heap):

@@ -33,17 +33,19 @@ from __future__ import annotations
 
 import random
 import secrets
+from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
+from heapq import merge
 from typing import Any, NamedTuple
 
 from . import _guards as guard
 from ._errors import InvalidArgument
-from ._heap import Fifo, Heap, Line
+from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
 
-__all__ = ["JobHandle", "JobTable", "Queue"]
+__all__ = ["LIST_STATES", "SEARCH_SCAN", "JobHandle", "JobTable", "Queue", "check_list_key"]
 
 PENDING = JobState.PENDING
 PROCESSING = JobState.PROCESSING
@@ -60,6 +62,11 @@ FAILED = "failed"
 # for any base > 0, so clamping the exponent keeps the arithmetic from overflowing.
 _MAX_EXPONENT = 1023
 
+#: The states ``Queue.list_jobs`` lists, as the wire names them (JOB-5).
+LIST_STATES = ("ready", "scheduled", "processing", "dead")
+#: How many jobs a search looks at per ``list_jobs`` call, at most (LST-4).
+SEARCH_SCAN = 2000
+
 
 def _wall_clock() -> float:
     """The default clock: wall-clock seconds since the epoch. Tests inject their own."""
@@ -70,9 +77,12 @@ class _Row:
     """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
 
     __slots__ = (
+        "_age_entry",
         "_entry",
         "_exp_entry",
         "_heap",
+        "_rank",
+        "_ranked",
         "attempts",
         "backoff_base_s",
         "backoff_max_s",
@@ -134,6 +144,12 @@ class _Row:
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
+        # Its entry in the queue's listing index of its state, and that index (None for
+        # a fresh ready row, which its Fifo line lists): see Queue.list_jobs.
+        self._rank: tuple[Any, ...] | None = None
+        self._ranked: Ranked | Log | None = None
+        # Its entry in the queue's heap of ready times (a ready row off the Fifo).
+        self._age_entry: tuple[Any, ...] | None = None
 
 
 class JobHandle:
@@ -237,6 +253,11 @@ class Queue:
     """
 
     __slots__ = (
+        "_ages",
+        "_by_death",
+        "_by_due",
+        "_by_ready",
+        "_claims",
         "_dead",
         "_event_entry",
         "_exhausted",
@@ -270,6 +291,15 @@ class Queue:
         self._exhausted: dict[int, _Row] = {}
         self._dead: OrderedDict[int, _Row] = OrderedDict()
         self._keys: dict[str, _Row] = {}
+        # The listing indexes (list_jobs): ready rows off the Fifo in claim order,
+        # scheduled rows by due time, processing rows in claim order, dead rows by death.
+        self._by_ready = Ranked()  # (-priority, ready_at, seq, row)
+        self._by_due = Ranked()  # (ready_at, seq, row)
+        self._claims = Log()  # (lease number, row)
+        self._by_death = Ranked()  # (died_at, seq, row)
+        # Ready rows off the Fifo by ready time, for the oldest ready time (stats): the
+        # claim order puts priority first, so it cannot tell.
+        self._ages = Heap("_age_entry")  # (ready_at, seq, row)
         self._n_ready = 0
         self._n_scheduled = 0
         self._n_processing = 0
@@ -523,6 +553,10 @@ class Queue:
                 break
             assert row is not None
             row._heap = None
+            if row._ranked is not None:  # (a fresh row has no listing entry of its own)
+                row._ranked.remove(row)
+            if row._age_entry is not None:
+                self._ages.forget(row)
             if row.state is PENDING:
                 self._n_ready -= 1
             else:  # a lapsed lease: this is a reclaim
@@ -543,6 +577,7 @@ class Queue:
             table._leases_issued += 1
             row.lease = lease = f"{prefix}L{table._leases_issued:x}"
             row.deadline = deadline = now + row.visibility_timeout_s
+            self._claims.add((table._leases_issued, row))
             self._n_processing += 1
             self._push(leases, (deadline, row.seq, row))
             if journal is not None:
@@ -672,7 +707,13 @@ class Queue:
             return False
         now = self._table._now()
         self._advance(now)
+        self._revive(row, now)
+        return True
+
+    def _revive(self, row: _Row, now: float) -> None:
+        """Move a dead row back to pending, ready now (OPS-5)."""
         del self._dead[row.seq]
+        self._by_death.remove(row)
         row.state = PENDING
         row.attempts = 0
         row.died_at = None
@@ -680,25 +721,170 @@ class Queue:
         if row.expires_at is not None:
             self._expiry.push((row.expires_at, row.seq, row))
         self._place_pending(row, now)
-        return True
 
     def dead_jobs(self, offset: int = 0, limit: int = 20) -> list[Job]:
         """A page of this queue's dead jobs, the most recent death first.
 
-        Costs O(offset + limit): the dead letters are walked from the newest, never all.
+        Costs O(log n + limit): the page starts at its position in the death index.
         Raises ``InvalidArgument`` for a negative offset or a limit below 1.
         """
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise InvalidArgument("offset", f"must be an int >= 0, got {offset!r}")
         guard.positive_int("limit", limit)
-        page: list[Job] = []
-        rows = reversed(self._dead.values())
-        for index, row in enumerate(rows):
-            if index >= offset + limit:
-                break
-            if index >= offset:
-                page.append(self._table._snapshot(row))
-        return page
+        index = self._by_death
+        snapshot = self._table._snapshot
+        stop = min(len(index), offset + limit)
+        return [snapshot(index.at(-1 - i)[-1]) for i in range(offset, stop)]
+
+    def list_jobs(
+        self,
+        state: str,
+        after: tuple[Any, ...] | None = None,
+        limit: int = 50,
+        search: str | None = None,
+        scan: int = SEARCH_SCAN,
+    ) -> tuple[list[Job], tuple[Any, ...] | None]:
+        """A page of this queue's jobs in ``state`` (one of ``LIST_STATES``), in the
+        state's order, and the key to pass as ``after`` for the next page (``None``: no
+        job of the state follows). Keyset pagination: a page starts after the key, so a
+        job that stays in its state between two pages is on exactly one of them.
+
+        The orders (``docs/contract.md``, LST-1), each with its key:
+
+        * ``ready``: claim order, priority high to low, then ready time, then seq
+          (CLM-6); key ``(priority, ready_at, seq)``.
+        * ``scheduled``: the soonest due first; key ``(ready_at, seq)``.
+        * ``processing``: the oldest claim first (the longest running); key
+          ``(claim number,)``, the lease's count (JOB-2), which a heartbeat leaves alone.
+        * ``dead``: the most recent death first; key ``(died_at, seq)``.
+
+        ``search``: only jobs whose id or key equals it, or whose stored payload JSON
+        contains it (as UTF-8 bytes); at most ``scan`` jobs are looked at per call, and
+        the key returned then is that of the last one looked at, so that the next call
+        goes on from there (a page may come back short, even empty, with a key).
+
+        Costs O(log n + limit) without search (O(priorities) more for ready, whose fresh
+        rows wait in one line per priority); with it O(log n + scan). Raises
+        ``InvalidArgument`` for a bad state, limit or key.
+        """
+        if state not in LIST_STATES:
+            raise InvalidArgument(
+                "state", f"must be one of {', '.join(LIST_STATES)}, got {state!r}"
+            )
+        guard.positive_int("limit", limit)
+        guard.positive_int("scan", scan)
+        if search is not None and not isinstance(search, str):
+            raise InvalidArgument("search", "must be a string")
+        if after is not None:
+            check_list_key(state, after)
+        self._advance(self._table._now())
+        low: tuple[Any, ...] | None
+        if state == "ready":
+            low = None if after is None else (-after[0], after[1], after[2] + 1)
+            entries = self._ready_entries(low)
+            key: Callable[[tuple[Any, ...]], tuple[Any, ...]] = _ready_key
+        elif state == "scheduled":
+            low = None if after is None else (after[0], after[1] + 1)
+            entries = self._by_due.from_key(low)
+            key = _plain_key
+        elif state == "processing":
+            entries = self._claims.after(None if after is None else after[0])
+            key = _claim_key
+        else:
+            high = None if after is None else (after[0], after[1])
+            entries = self._by_death.to_key(high)
+            key = _plain_key
+        return self._page(entries, key, limit, search, scan)
+
+    def _ready_entries(self, low: tuple[Any, ...] | None) -> Iterator[tuple[Any, ...]]:
+        """The ready rows as ``(-priority, ready_at, seq, row)`` from ``low`` on, in claim
+        order: the ready heap's index merged with each priority's Fifo line, each
+        bisected to ``low``."""
+        sources: list[Iterator[tuple[Any, ...]]] = [self._by_ready.from_key(low)]
+        for priority, rows, head in self._fresh.lanes():
+            if low is None or -priority > low[0]:
+                start = head
+            elif -priority < low[0]:
+                continue  # the whole line comes before the key
+            else:
+                # A fresh row's ready time is its enqueue time: (enqueued_at, seq) is
+                # sorted along the line, stale rows included (see Fifo).
+                start = bisect_left(rows, (low[1], low[2]), lo=head, key=_arrival)
+            sources.append(_lane_entries(rows, start))
+        if len(sources) == 1:
+            return sources[0]
+        return merge(*sources, key=_ready_order)
+
+    def _page(
+        self,
+        entries: Iterator[tuple[Any, ...]],
+        key: Callable[[tuple[Any, ...]], tuple[Any, ...]],
+        limit: int,
+        search: str | None,
+        scan: int,
+    ) -> tuple[list[Job], tuple[Any, ...] | None]:
+        snapshot = self._table._snapshot
+        jobs: list[Job] = []
+        last: tuple[Any, ...] | None = None
+        if search is None:
+            for entry in entries:
+                if len(jobs) == limit:
+                    assert last is not None
+                    return jobs, key(last)  # (one more follows)
+                jobs.append(snapshot(entry[-1]))
+                last = entry
+            return jobs, None
+        needle = search.encode()
+        found = self._table._lookup(search)
+        seen = 0
+        for entry in entries:
+            if len(jobs) == limit or seen == scan:
+                return jobs, None if last is None else key(last)
+            seen += 1
+            last = entry
+            row: _Row = entry[-1]
+            if row is found or row.key == search or needle in row.payload:
+                jobs.append(snapshot(row))
+        return jobs, None
+
+    def redrive_all(self, limit: int | None = None) -> int:
+        """Redrive the dead jobs of this queue, the longest dead first, at most ``limit``
+        of them (all when ``None``); return how many (OPS-5, OPS-8). O(k log n) for k."""
+        if limit is not None:
+            guard.positive_int("limit", limit)
+        now = self._table._now()
+        self._advance(now)
+        dead = self._dead
+        n = len(dead) if limit is None else min(limit, len(dead))
+        rows = [row for _, row in zip(range(n), dead.values(), strict=False)]
+        for row in rows:
+            self._revive(row, now)
+        return len(rows)
+
+    def oldest_ready_at(self) -> float | None:
+        """The earliest ``ready_at`` of a ready job (how long the queue has kept work
+        waiting), or ``None`` when none is ready: the smaller of the ready-time heap's
+        top and the Fifo lines' heads, O(log n + priorities) (CST-5)."""
+        self._advance(self._table._now())
+        return self._oldest_ready_at()
+
+    def _oldest_ready_at(self) -> float | None:
+        entry = self._ages.top()
+        fresh = self._fresh.oldest_ready_at()
+        if entry is None:
+            return fresh
+        return entry[0] if fresh is None or entry[0] < fresh else fresh
+
+    def _restore_indexes(self) -> None:
+        """Build the listing indexes of a restored queue from its heaps (O(n log n))."""
+        self._by_ready = Ranked(self._ready.entries())
+        for entry in self._ready.entries():
+            row = entry[-1]
+            self._ages.append((row.ready_at, row.seq, row))
+        self._ages.rebuild()
+        self._by_due = Ranked(self._scheduled.entries())
+        self._claims.extend((_lease_number(e[-1].lease), e[-1]) for e in self._leases.entries())
+        self._by_death = Ranked((row.died_at, row.seq, row) for row in self._dead.values())
 
     def purge_dead(self) -> int:
         """Delete every dead job of this queue; return how many (OPS-6)."""
@@ -748,6 +934,7 @@ class Queue:
             dead=len(self._dead),
             paused=self._paused,
             totals=QueueTotals(*self._totals),
+            oldest_ready_at=self._oldest_ready_at(),
         )
 
     def _next_event_at(self, now: float) -> float | None:
@@ -790,11 +977,19 @@ class Queue:
                 self._fresh.append(row)
                 row._heap = self._fresh
             else:
-                self._push(self._ready, (-row.priority, row.ready_at, row.seq, row))
+                self._make_ready(row)
             self._n_ready += 1
         else:
             self._push(self._scheduled, (row.ready_at, row.seq, row))
+            self._by_due.add((row.ready_at, row.seq, row))
             self._n_scheduled += 1
+
+    def _make_ready(self, row: _Row) -> None:
+        """File a pending row whose time has come in the ready heap and its indexes."""
+        entry = (-row.priority, row.ready_at, row.seq, row)
+        self._push(self._ready, entry)
+        self._by_ready.add(entry)
+        self._ages.push((row.ready_at, row.seq, row))
 
     def _lease_top(self) -> tuple[Any, ...] | None:
         """The lease heap's top with its key brought up to date after heartbeats."""
@@ -817,7 +1012,8 @@ class Queue:
             self._table._timing_dirty.add(self)
             scheduled.pop()
             row: _Row = entry[-1]
-            self._push(ready, (-row.priority, row.ready_at, row.seq, row))
+            self._by_due.remove(row)
+            self._make_ready(row)
             self._n_scheduled -= 1
             self._n_ready += 1
         while (entry := self._lease_top()) is not None and entry[0] <= now:
@@ -836,6 +1032,10 @@ class Queue:
         if heap is not None:
             heap.forget(row)
             row._heap = None
+        if row._ranked is not None:
+            row._ranked.remove(row)
+        if row._age_entry is not None:
+            self._ages.forget(row)
         state = row.state
         if state is PENDING:
             if heap is self._ready or heap is self._fresh:
@@ -859,6 +1059,7 @@ class Queue:
         row.last_error = error
         row.worker_id = row.lease = row.deadline = None
         self._dead[row.seq] = row
+        self._by_death.add((now, row.seq, row))
         self._totals[3] += 1
         if error == EXPIRED:
             self._totals[4] += 1
@@ -877,6 +1078,63 @@ class Queue:
 
 
 _HEX_DIGITS = "0123456789abcdef"
+
+
+# Each listed state's key: "i" an int, "f" a number (see Queue.list_jobs).
+_KEY_KINDS = {"ready": "ifi", "scheduled": "fi", "processing": "i", "dead": "fi"}
+
+
+def check_list_key(state: str, key: object) -> None:
+    """Raise ``InvalidArgument`` (field ``cursor``) unless ``key`` is a key of ``state``'s
+    listing: a tuple of its length whose members are of its kinds."""
+    kinds = _KEY_KINDS[state]
+    ok = isinstance(key, tuple) and len(key) == len(kinds)
+    if ok:
+        assert isinstance(key, tuple)
+        for kind, value in zip(kinds, key, strict=True):
+            kind_ok = isinstance(value, int | float) if kind == "f" else isinstance(value, int)
+            if isinstance(value, bool) or not kind_ok:
+                ok = False
+            elif isinstance(value, float) and value != value:  # NaN orders nothing
+                ok = False
+    if not ok:
+        raise InvalidArgument("cursor", f"is not a cursor of a {state} listing")
+
+
+def _ready_key(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (-entry[0], entry[1], entry[2])
+
+
+def _ready_order(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    return entry[:3]
+
+
+def _plain_key(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (entry[0], entry[1])
+
+
+def _claim_key(entry: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (entry[0],)
+
+
+def _arrival(row: _Row) -> tuple[float, int]:
+    return (row.enqueued_at, row.seq)
+
+
+def _lane_entries(rows: list[_Row], start: int) -> Iterator[tuple[Any, ...]]:
+    """The live rows of a Fifo line from ``start`` on, as ready-index entries."""
+    for i in range(start, len(rows)):
+        row = rows[i]
+        if row._entry is IN_FIFO:
+            yield (-row.priority, row.ready_at, row.seq, row)
+
+
+def _lease_number(lease: str | None) -> int:
+    """The count a lease was issued under: the hex digits after its last ``L``."""
+    try:
+        return int((lease or "").rsplit("L", 1)[1], 16)
+    except (IndexError, ValueError):
+        return 0
 
 
 class JobTable:
@@ -1223,6 +1481,7 @@ class JobTable:
                 for entry in heap.entries():
                     entry[-1]._heap = heap
             queue._expiry.rebuild()
+            queue._restore_indexes()
         table.start_journal()
         return table
 

@@ -123,6 +123,8 @@ class QueueStats:
 
     ``ready`` and ``scheduled`` split the pending jobs by ``ready_at <= now``. A job
     whose lease lapsed but that nobody has reclaimed yet still counts as processing.
+    ``oldest_ready_at`` is the earliest ``ready_at`` of a ready job, ``None`` when none
+    is ready: now minus it is how long the queue has kept work waiting (CST-5).
     """
 
     ready: int
@@ -131,6 +133,7 @@ class QueueStats:
     dead: int
     paused: bool
     totals: QueueTotals = field(default_factory=QueueTotals)
+    oldest_ready_at: float | None = None
 
     @property
     def pending(self) -> int:
