@@ -23,6 +23,7 @@ const state = {
   rid: 0,
   pending: new Map(), // rid -> resolve(reply)
   roles: [],
+  maxBatch: 1, // the most ids in one cancel_batch (the hello reply says)
   authed: false,
   sentToken: false,
   awaitingToken: false,
@@ -271,6 +272,7 @@ async function hello() {
     state.authed = true;
     state.awaitingToken = false;
     state.roles = Array.isArray(reply.roles) ? reply.roles : [];
+    state.maxBatch = typeof reply.max_batch === "number" && reply.max_batch > 0 ? reply.max_batch : 1;
     $("token-panel").hidden = true;
     if (typeof reply.version === "string") setText($("server-version"), reply.version);
     renderRole();
@@ -992,10 +994,20 @@ async function cancelSelected() {
   const ids = Array.from(listing.rows.keys()).filter((id) => listing.selected.has(id));
   if (ids.length === 0) return;
   const what = ids.length === 1 ? `job ${ids[0]}` : `${fmtCount(ids.length)} jobs`;
-  const reply = await act("cancel_batch", { ids }, `Cancel ${what}? They are deleted for good.`);
-  if (!reply) return;
-  if (reply.ok) {
-    setText($("jobs-result"), DONE.cancel_batch({ ids }, reply));
+  if (!window.confirm(`Cancel ${what}? They are deleted for good.`)) return;
+  // In batches of the broker's max_batch (a page is 20: one batch, unless it is tiny).
+  const cancelled = [];
+  let failed = null;
+  for (let i = 0; i < ids.length && !failed; i += state.maxBatch) {
+    const reply = await request("cancel_batch", { ids: ids.slice(i, i + state.maxBatch) });
+    if (reply.ok) cancelled.push(...reply.cancelled);
+    else failed = reply.error;
+  }
+  const done = DONE.cancel_batch({ ids: ids.slice(0, cancelled.length) }, { cancelled });
+  if (failed) notice(`cancel_batch refused: ${failed.message || failed.code}${cancelled.length ? ` (${done})` : ""}`, "error");
+  else {
+    notice(done, "ok");
+    setText($("jobs-result"), done);
     listing.selected.clear();
   }
   loadJobs();

@@ -156,7 +156,8 @@ async def test_the_oldest_ready_column_shows_the_age_of_the_stats_oldest_ready_a
 
     def with_latency(stats: QueueStats) -> dict[str, Any]:
         info = plain(stats)
-        info.setdefault("oldest_ready_at", broker.clock() - 125 if stats.ready else None)
+        # Set, not defaulted: the stats carry their own (seconds old here).
+        info["oldest_ready_at"] = broker.clock() - 125 if stats.ready else None
         return info
 
     monkeypatch.setattr(feed, "queue_info", with_latency)

@@ -65,7 +65,9 @@ async def show_state(page: Page, state: str, count: int) -> None:
     await expect(rows(page)).to_have_count(min(count, PAGE))
 
 
-async def dead_jobs(client: Client, broker: Broker, queue: str, payloads: list[object]) -> list[str]:
+async def dead_jobs(
+    client: Client, broker: Broker, queue: str, payloads: list[object]
+) -> list[str]:
     """Enqueue ``payloads`` to ``queue`` (one attempt each) and have a worker fail them all;
     return their ids once all are dead."""
     worker = Worker(broker.url, queues=[], prefetch=32, shutdown_timeout_s=1.0)
@@ -181,9 +183,7 @@ async def test_each_state_is_browsed_page_by_page_forward_and_back(
     assert tab.seen.errors == []
 
 
-async def test_search_finds_jobs_by_id_by_key_and_by_payload_text(
-    broker: Broker, tab: Tab
-) -> None:
+async def test_search_finds_jobs_by_id_by_key_and_by_payload_text(broker: Broker, tab: Tab) -> None:
     page = await open_dashboard(tab, broker)
     async with Client(broker.url) as client:
         await client.enqueue_many("orders", [{"customer": f"c-{n}"} for n in range(30)])
@@ -320,9 +320,7 @@ async def test_redrive_all_puts_every_dead_job_back_after_a_confirm(
 
 
 @pytest.mark.parametrize("config", [TOKENS])
-async def test_a_read_only_token_browses_but_sees_no_bulk_actions(
-    broker: Broker, tab: Tab
-) -> None:
+async def test_a_read_only_token_browses_but_sees_no_bulk_actions(broker: Broker, tab: Tab) -> None:
     page = await open_dashboard(tab, broker, token=READER)
     await expect(page.get_by_test_id("role")).to_have_text("read-only")
     async with Client(broker.url, token=APP) as client:
@@ -382,4 +380,21 @@ async def test_at_phone_width_the_jobs_table_scrolls_inside_its_card(
             box = await node.bounding_box()
             assert box is not None, test_id
             assert 0 <= box["x"] and box["x"] + box["width"] <= 420, (test_id, box)
+    assert tab.seen.errors == []
+
+
+@pytest.mark.parametrize("config", [replace(BASE, max_batch=2)])
+async def test_cancel_selected_sends_batches_the_broker_takes(broker: Broker, tab: Tab) -> None:
+    # The broker takes at most max_batch ids a cancel_batch (its hello says how many).
+    page = await open_dashboard(tab, broker)
+    async with Client(broker.url) as client:
+        for n in range(5):
+            await client.enqueue("mail", {"n": n})
+        await open_queue(page, "mail")
+        await show_state(page, "ready", 5)
+        await page.get_by_test_id("jobs-select-all").check()
+        await page.get_by_test_id("jobs-cancel").click()
+        await expect(page.get_by_test_id("jobs-result")).to_have_text("Cancelled 5 jobs.")
+        await expect(page.get_by_test_id("jobs-empty")).to_have_text("No ready jobs in mail.")
+        assert (await client.stats("mail"))["mail"]["ready"] == 0
     assert tab.seen.errors == []
