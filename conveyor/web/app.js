@@ -883,7 +883,12 @@ function renderJobs() {
   const list = page ? page.jobs : [];
   const admin = isAdmin();
   const selectable = admin && listing.state !== "dead";
-  const key = JSON.stringify([selectable, listing.state, list]);
+  // What a row shows that may change (a payload never does; it may be big).
+  const key = JSON.stringify([
+    selectable,
+    listing.state,
+    list.map((j) => [j.id, j.priority, j.attempts, j.max_attempts, j.ready_at, j.claimed_at, j.died_at, j.last_error]),
+  ]);
   if (key !== listing.rowsKey) {
     listing.rowsKey = key;
     listing.rows.clear();
