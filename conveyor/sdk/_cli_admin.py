@@ -47,6 +47,11 @@ DEFAULT_LIMIT = 50
 # How much of a payload or an error a table cell shows.
 _CELL = 40
 
+# The options of one request (a job's priority, a listing's filter or cursor) have no
+# variable, and their help says so: a value left in the environment would apply to every
+# later call. Every other option names its CONVEYOR_* variable.
+_PER_CALL = "(no variable: it belongs to one call)"
+
 _GONE = "no such job (it was acked, cancelled, purged or expired, or never enqueued)"
 
 
@@ -66,16 +71,6 @@ Action = Callable[[Client, argparse.Namespace, float], Awaitable[Outcome]]
 
 def _env_default(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise SystemExit(f"conveyor: {name}: cannot read {raw!r} as a number") from None
 
 
 def _yes(name: str) -> bool:
@@ -98,7 +93,9 @@ def connection_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout",
         type=float,
-        default=_env_float("CONVEYOR_TIMEOUT", 5.0),
+        # (a string: argparse converts it as it does the flag's, so a bad CONVEYOR_TIMEOUT
+        # is refused like a bad --timeout, and only by the commands that take it)
+        default=_env_default("CONVEYOR_TIMEOUT", "5"),
         help="seconds to wait for a broker that does not answer, and for each reply; one "
         "that refuses the connection (not running) is reported at once "
         "(CONVEYOR_TIMEOUT; default 5)",
@@ -423,27 +420,16 @@ def _limit(value: str) -> int:
     return limit
 
 
-def _env_limit() -> int:
-    raw = os.environ.get("CONVEYOR_LIMIT")
-    if not raw:
-        return DEFAULT_LIMIT
-    try:
-        return _limit(raw)
-    except argparse.ArgumentTypeError as exc:
-        raise SystemExit(f"conveyor: CONVEYOR_LIMIT: {exc}") from None
-
-
 def _paging_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit",
         type=_limit,
-        default=_env_limit(),
+        default=_env_default("CONVEYOR_LIMIT", str(DEFAULT_LIMIT)),  # (as --timeout's)
         help=f"jobs per page, at most (CONVEYOR_LIMIT; default {DEFAULT_LIMIT})",
     )
     parser.add_argument(
         "--cursor",
-        help="where the page starts: the cursor the previous page printed "
-        "(no variable: it belongs to one listing)",
+        help=f"where the page starts: the cursor the previous page printed {_PER_CALL}",
     )
 
 
@@ -466,9 +452,7 @@ def _enqueue_run(args: argparse.Namespace) -> int:
 
 def add_admin_commands(commands: Any) -> None:
     """Add the one-shot client subcommands to ``conveyor``'s subparsers."""
-    # The options of one request (a job's priority, a listing's filter) have no
-    # variable: a value left in the environment would apply to every later call.
-    per_call = "(no variable: it belongs to one call)"
+    per_call = _PER_CALL
 
     enqueue = _command(commands, "enqueue", "enqueue one job", _enqueue)
     enqueue.set_defaults(run=_enqueue_run)
