@@ -244,7 +244,8 @@ def _page_text(page: Any, state: str, queue: str, more: str, now: float) -> str:
     if not page.jobs:
         return f"no {state} jobs in {queue}" if not page.total else f"no more {state} jobs"
     lines = [show_jobs(page.jobs, state, now), ""]
-    shown = f"{len(page.jobs):,} of {page.total:,} {state} jobs in {queue}"
+    noun = "job" if page.total == 1 else "jobs"
+    shown = f"{len(page.jobs):,} of {page.total:,} {state} {noun} in {queue}"
     if page.next is not None:
         shown += f"; the next page: {more} --cursor {page.next}"
     lines.append(shown)
@@ -500,9 +501,7 @@ def add_admin_commands(commands: Any) -> None:
         default="ready",
         help=f"which jobs: default ready {per_call}",
     )
-    jobs.add_argument(
-        "--search", metavar="TEXT", help=f"only jobs whose id, key or payload holds TEXT {per_call}"
-    )
+    jobs.add_argument("--search", metavar="TEXT", help=f"only jobs matching TEXT {per_call}")
     _paging_args(jobs)
     connection_args(jobs)
 
