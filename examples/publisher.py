@@ -7,7 +7,7 @@ import os
 
 from worker import build_report  # examples/worker.py: a task, enqueued by calling it
 
-from conveyor.sdk import Client
+from conveyor import Client
 
 URL = os.environ.get("CONVEYOR_URL", "ws://127.0.0.1:8765")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from conveyor.sdk import Fail, Job, Worker
+from conveyor import Fail, Job, Worker
 
 worker = Worker(os.environ.get("CONVEYOR_URL", "ws://127.0.0.1:8765"), prefetch=8)
 

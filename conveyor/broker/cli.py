@@ -1,6 +1,8 @@
 """The ``conveyor`` command (and ``python -m conveyor``).
 
-``conveyor serve`` runs the broker; its flags are in ``broker.config``. Its exit status:
+``conveyor serve`` runs the broker; its flags are in ``broker.config``. Once listening it
+prints two lines on stdout: ``conveyor listening on ws://HOST:PORT/ws (store: ...)`` and
+``dashboard: http://HOST:PORT/``. Its exit status:
 
 * 0: stopped cleanly (SIGTERM or SIGINT).
 * 1: cannot listen on the address.
@@ -90,6 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
             "postgres": f"postgres {_without_password(config.db_path)}",
         }.get(config.store, config.store)
         print(f"conveyor listening on {broker.url} (store: {where})", flush=True)
+        print(f"dashboard: {dashboard_url(broker.url)}", flush=True)
 
     try:
         factory = loop_factory(config.loop)
@@ -107,6 +110,14 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"conveyor: cannot listen on {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 1
     return 0 if failed is None else EXIT_STORE_FAILED
+
+
+def dashboard_url(url: str) -> str:
+    """The dashboard's address on the broker whose WebSocket endpoint is ``url``: the
+    same host and port over HTTP (HTTPS with TLS), at ``/``."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = "https" if parts.scheme == "wss" else "http"
+    return urllib.parse.urlunsplit((scheme, parts.netloc, "/", "", ""))
 
 
 def _without_password(url: str) -> str:

@@ -94,7 +94,7 @@ def _env(name: str) -> str | None:
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``conveyor serve``; each defaults to its ``CONVEYOR_*`` variable."""
     add = parser.add_argument
-    add("--host", help="address to bind (env CONVEYOR_HOST; default 127.0.0.1)")
+    add("--host", help="address to bind (CONVEYOR_HOST; default 127.0.0.1)")
     add("--port", type=int, help="port to bind, 0 for any free one (CONVEYOR_PORT; 8765)")
     add(
         "--store",
@@ -130,7 +130,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"a token granting the {role} role; repeatable "
             f"(CONVEYOR_{role.upper()}_TOKENS, comma-separated)",
         )
-    add("--origin", action="append", help="another allowed browser Origin (CONVEYOR_ORIGINS)")
+    add(
+        "--origin",
+        action="append",
+        help="another allowed browser Origin; repeatable (CONVEYOR_ORIGINS, comma-separated)",
+    )
     add(
         "--allowed-host",
         action="append",
@@ -139,22 +143,51 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "localhost; '.example.com' allows a domain, '*' any name; repeatable "
         "(CONVEYOR_ALLOWED_HOSTS, comma-separated)",
     )
-    add("--max-connections", type=int, help="open connections at most, in all (20000)")
+    add(
+        "--max-connections",
+        type=int,
+        help="open connections at most, in all (CONVEYOR_MAX_CONNECTIONS; 20000)",
+    )
     add(
         "--max-connections-per-address",
         type=int,
-        help="open connections at most from one client address (1000)",
+        help="open connections at most from one client address "
+        "(CONVEYOR_MAX_CONNECTIONS_PER_ADDRESS; 1000)",
     )
     add("--tls-cert", help="TLS certificate chain, PEM (CONVEYOR_TLS_CERT)")
     add("--tls-key", help="TLS private key, PEM (CONVEYOR_TLS_KEY)")
-    add("--ping-interval", type=float, help="seconds between keepalive pings (20)")
-    add("--ping-timeout", type=float, help="seconds to wait for a pong (20)")
-    add("--max-frame-bytes", type=int, help="largest frame accepted (1048576)")
-    add("--max-payload-bytes", type=int, help="largest encoded payload (1048576)")
-    add("--sweep-interval", type=float, help="seconds between expiry sweeps (1)")
-    add("--disconnect-grace", type=float, help="seconds a dropped worker's jobs wait (5)")
+    add(
+        "--ping-interval",
+        type=float,
+        help="seconds between keepalive pings (CONVEYOR_PING_INTERVAL; 20)",
+    )
+    add("--ping-timeout", type=float, help="seconds to wait for a pong (CONVEYOR_PING_TIMEOUT; 20)")
+    add(
+        "--max-frame-bytes",
+        type=int,
+        help="largest frame accepted (CONVEYOR_MAX_FRAME_BYTES; 1048576)",
+    )
+    add(
+        "--max-payload-bytes",
+        type=int,
+        help="largest encoded payload (CONVEYOR_MAX_PAYLOAD_BYTES; 1048576)",
+    )
+    add(
+        "--sweep-interval",
+        type=float,
+        help="seconds between expiry sweeps (CONVEYOR_SWEEP_INTERVAL; 1)",
+    )
+    add(
+        "--disconnect-grace",
+        type=float,
+        help="seconds a dropped worker's jobs wait (CONVEYOR_DISCONNECT_GRACE; 5)",
+    )
     add("--queues", metavar="FILE", help="TOML file of per-queue options (CONVEYOR_QUEUES)")
-    add("--log-level", choices=["debug", "info", "warning", "error"], help="(info)")
+    add(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="what the broker logs (CONVEYOR_LOG_LEVEL; info)",
+    )
     add(
         "--loop",
         choices=LOOPS,

@@ -414,7 +414,11 @@ class Connection:
             if not spec.allows(self.roles):
                 code = ErrorCode.FORBIDDEN if self.roles else ErrorCode.UNAUTHORIZED
                 verb = "may not" if self.roles else "must authenticate to"
-                raise WireError(code, f"op: this connection {verb} call {spec.op.value!r}", "op")
+                raise WireError(
+                    code,
+                    f"op: this connection {verb} call {spec.op.value!r}: it needs {spec.needs()}",
+                    "op",
+                )
             if self.broker.closing:
                 raise WireError(ErrorCode.UNAVAILABLE, "the broker is shutting down")
             fields = validate_fields(spec, frame, rid=rid, max_batch=self.broker.config.max_batch)

@@ -91,7 +91,13 @@ class Client:
     waits out the backoff.
 
     Entering connects (raising ``ConnectionFailed`` when no broker can be reached within
-    ``connect_timeout``; with several URLs each try gets its share of it). Afterwards the
+    ``connect_timeout``; with several URLs each try gets its share of it). With
+    ``fail_fast`` (for one-shot scripts and commands) entering tries each URL once and
+    raises ``ConnectionFailed`` as soon as each has failed, saying why ("connection
+    refused": nothing listens there), instead of retrying until ``connect_timeout``. A
+    URL where no broker answers (HTTP 404 to the handshake) raises ``ConnectionFailed``
+    at once, and a refused token, ``Host`` or ``Origin`` (HTTP 401, 403) ``Unauthorized``,
+    whatever ``fail_fast``. Afterwards the
     client reconnects by itself; a call made during an outage waits for the connection,
     up to ``request_timeout`` seconds in all, then raises ``ConnectionFailed``; requests
     unanswered when a connection drops are resent on the next one, whichever broker it is
@@ -110,11 +116,13 @@ class Client:
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
         shuffle_urls: bool = True,
+        fail_fast: bool = False,
     ) -> None:
         self.urls = parse_urls(url)
         self._session = Session(
             self.urls,
             shuffle=shuffle_urls,
+            fail_fast=fail_fast,
             token=token,
             client_name=name,
             connect_timeout=connect_timeout,
@@ -271,7 +279,9 @@ class Client:
         ]
         ids: list[str] = []
         for batch in self._batches(queue, jobs):
-            reply = await self._call("enqueue_batch", queue=queue, jobs=batch)
+            reply = await self._session.request(
+                "enqueue_batch", {"queue": queue, "jobs": batch}, called="enqueue_many"
+            )
             ids.extend(reply["ids"])
         return ids
 
@@ -406,6 +416,7 @@ class SyncClient:
         connect_timeout: float = 10.0,
         request_timeout: float = 30.0,
         shuffle_urls: bool = True,
+        fail_fast: bool = False,
     ) -> None:
         self.urls = parse_urls(url)  # refused here, not at `with`
         self._args = (self.urls, token)
@@ -414,6 +425,7 @@ class SyncClient:
             "connect_timeout": connect_timeout,
             "request_timeout": request_timeout,
             "shuffle_urls": shuffle_urls,
+            "fail_fast": fail_fast,
         }
         self._stack: contextlib.ExitStack | None = None
         self._portal: anyio.from_thread.BlockingPortal | None = None

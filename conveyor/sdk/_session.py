@@ -29,24 +29,34 @@ import contextlib
 import itertools
 import logging
 import random
+import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from ._errors import ConnectionFailed, ConveyorError, TooLarge, Unauthorized, error_from_reply
+from ._errors import (
+    ConnectionFailed,
+    ConveyorError,
+    Forbidden,
+    TooLarge,
+    Unauthorized,
+    error_from_reply,
+)
 from ._transport import Socket, connect
 from ._urls import brokers, connection_order
 from ._wire import (
     CLOSE_MESSAGE_TOO_BIG,
     DEFAULT_MAX_FRAME_BYTES,
     INT_MAX,
+    OPS,
+    WS_PATH,
     WireError,
     decode,
     encode,
 )
 
-__all__ = ["Session"]
+__all__ = ["Session", "as_called", "handshake_refusal"]
 
 log = logging.getLogger("conveyor.sdk")
 
@@ -78,6 +88,41 @@ def _permanent(exc: ConveyorError) -> bool:
     if exc.code in ("unavailable", "internal", ConnectionFailed.code):
         return False
     return not (exc.code == "limit_exceeded" and exc.field == "token")
+
+
+def handshake_refusal(
+    url: str, status: int, body: bytes | bytearray | None
+) -> ConveyorError | None:
+    """The error for an HTTP ``status`` answering the WebSocket handshake to ``url``
+    when it is one that a retry would get again, else ``None`` (retry).
+
+    404: nothing at that path is a Conveyor broker (a wrong path or port, another
+    server); 401 and 403: the broker (or a proxy in front of it) refused the token, the
+    ``Host`` or the ``Origin``; the body's first line says which.
+    """
+    said = bytes(body or b"").decode("utf-8", "replace").strip().split("\n", 1)[0][:200]
+    detail = f"HTTP {status}: {said}" if said else f"HTTP {status}"
+    if status == 404:
+        return ConnectionFailed(
+            f"{url}: no Conveyor broker at this URL ({detail}); check the host, port and "
+            f"path (a broker answers at {WS_PATH})"
+        )
+    if status == 401:
+        return Unauthorized(f"{url}: the broker refused the token ({detail})")
+    if status == 403:
+        return Unauthorized(f"{url}: the broker refused the connection ({detail})")
+    return None
+
+
+def as_called(error: ConveyorError, called: str, op: str) -> ConveyorError:
+    """``error``, the refusal of wire ``op``, as the refusal of the SDK call ``called``
+    that sent it (``enqueue`` sends ``enqueue_each``): a ``Forbidden`` names the call and
+    the role it needs, not the op it travelled as. Any other error is returned as is."""
+    if not isinstance(error, Forbidden):
+        return error
+    spec = OPS.get(op)
+    needs = f"; it needs {spec.needs()}" if spec is not None else ""
+    return Forbidden(f"{called}: this token may not call {called}{needs}", field=error.field)
 
 
 class _Lost(Exception):
@@ -119,6 +164,7 @@ class Session:
         backoff_base_s: float = 0.1,
         backoff_max_s: float = 10.0,
         log_connects: bool = True,
+        fail_fast: bool = False,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
@@ -142,6 +188,10 @@ class Session:
         self.request_timeout = request_timeout
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        # Until a connection is first ready, one failed try of each URL ends run() with
+        # ConnectionFailed instead of retrying (a one-shot command: nothing listening
+        # there is said at once, not after the connect timeout).
+        self.fail_fast = fail_fast
         self.hello: dict[str, Any] = {}
         self._max_frame_bytes = DEFAULT_MAX_FRAME_BYTES  # see max_frame_bytes
         self.connected = asyncio.Event()
@@ -172,8 +222,12 @@ class Session:
 
     # -- requests -------------------------------------------------------------------------
 
-    async def request(self, op: str, fields: dict[str, Any], *, resend: bool = True) -> Any:
-        """Send one request and return its reply; raise the ``ConveyorError`` it carries.
+    async def request(
+        self, op: str, fields: dict[str, Any], *, resend: bool = True, called: str | None = None
+    ) -> Any:
+        """Send one request and return its reply; raise the ``ConveyorError`` it carries
+        (a ``Forbidden`` names ``called``, the SDK call made, default ``op``, and the
+        role it needs: see ``as_called``).
 
         Waits through reconnects (the request is sent again on the new socket when
         ``resend``) up to ``request_timeout`` seconds in all, then raises
@@ -188,7 +242,10 @@ class Session:
             reply = await future
         finally:
             self._pending.pop(rid, None)
-        return _answer_of(reply)
+        try:
+            return _answer_of(reply)
+        except Forbidden as exc:
+            raise as_called(exc, called or op, op) from None
 
     def request_now(self, op: str, fields: dict[str, Any]) -> asyncio.Future[Any]:
         """``request``, but written at once instead of with the other frames of this loop
@@ -392,6 +449,8 @@ class Session:
                         future.set_result((index, answer))
                 return
             failure = error_from_reply(reply.get("error") or {"message": "enqueue_each: bad reply"})
+            # (the caller called enqueue: a refusal names that, not the frame it shared)
+            failure = as_called(failure, "enqueue", "enqueue_each")
             if failure.code == "unknown_op":  # a broker older than the op: nothing stored
                 self._each = False
                 for future in futures:
@@ -464,6 +523,7 @@ class Session:
         # waits out a backoff, longer for each round.
         failed = 0
         outage_since: float | None = None
+        reasons: list[str] = []  # why each try failed, for fail_fast's message
         while not self._closing:
             url = order[at]
             at = (at + 1) % len(order)  # the next try goes to the next URL, whatever happens
@@ -472,17 +532,22 @@ class Session:
                 if ws is None:
                     return  # close() stopped the attempt
             except InvalidStatus as exc:
-                status = exc.response.status_code
-                if status in (401, 403, 404):
+                refused = handshake_refusal(url, exc.response.status_code, exc.response.body)
+                if refused is not None:
                     # Fatal with several URLs too: brokers sharing a table share their
                     # tokens and path, so the next would refuse us the same way.
-                    refused = Unauthorized(f"{url}: the broker refused us: HTTP {status}")
                     self._fail_all(refused)
                     raise refused from None
                 ws = None
-            except (OSError, InvalidHandshake, TimeoutError):
+                why = f"HTTP {exc.response.status_code} to the WebSocket handshake"
+            except (OSError, InvalidHandshake, TimeoutError) as exc:
                 ws = None
+                why = self._why(exc)
             if ws is None:
+                if self.fail_fast and not self._connections:
+                    reasons.append(f"{url}: {why}")
+                    if len(reasons) == len(order):  # each URL tried once: give up
+                        self._give_up(reasons)
                 if outage_since is None:
                     outage_since = loop.time()
                     log.warning("cannot reach the broker at %s; %s", url, self._then())
@@ -509,6 +574,10 @@ class Session:
                 self.connected.clear()
                 self._fail_unresent()
             if not self._closing:
+                if self.fail_fast and not self._connections:
+                    reasons.append(f"{url}: the connection closed before it was ready")
+                    if len(reasons) == len(order):
+                        self._give_up(reasons)
                 if outage_since is None:
                     outage_since = loop.time()
                     log.warning(
@@ -517,6 +586,29 @@ class Session:
                 failed += 1
                 if failed % len(order) == 0:
                     await self._nap(self._backoff(failed // len(order)))
+
+    def _why(self, exc: BaseException) -> str:
+        """Why a connect failed, in a few words for a message."""
+        if isinstance(exc, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(exc, socket.gaierror):
+            return f"cannot resolve the host name ({exc.strerror})"
+        if isinstance(exc, TimeoutError):
+            return f"no answer within {self.connect_timeout / len(self._order):g} s"
+        if isinstance(exc, OSError):
+            return exc.strerror or str(exc) or type(exc).__name__
+        return f"the WebSocket handshake failed ({exc})"
+
+    def _give_up(self, reasons: list[str]) -> NoReturn:
+        """End ``run()`` for ``fail_fast``: every URL was tried once, and none could be
+        reached. Every request waiting fails with the same ``ConnectionFailed``."""
+        if len(reasons) == 1:
+            message = f"cannot reach the broker at {reasons[0]}"
+        else:
+            message = "cannot reach any of the brokers: " + "; ".join(reasons)
+        failure = ConnectionFailed(message)
+        self._fail_all(failure)
+        raise failure
 
     def _then(self, lost: bool = False) -> str:
         """What a warning about a failed try says comes next."""

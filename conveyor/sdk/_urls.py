@@ -9,18 +9,34 @@ is the order a session tries them in (docs: README, "Several brokers").
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from ._errors import InvalidArgument
 
-__all__ = ["DEFAULT_URL", "Urls", "brokers", "connection_order", "normalize_url", "parse_urls"]
+__all__ = [
+    "DEFAULT_URL",
+    "URL_HELP",
+    "Urls",
+    "brokers",
+    "connection_order",
+    "normalize_url",
+    "parse_urls",
+    "url_argument",
+]
 
 DEFAULT_URL = "ws://127.0.0.1:8765/ws"
 
 #: What the SDK takes as its broker URL(s): one URL, comma-separated URLs, or a sequence.
 Urls = str | Sequence[str]
+
+#: The help of the commands' ``--url``.
+URL_HELP = (
+    "broker URL, or several comma-separated (ws://a:8765,ws://b:8765) of brokers sharing "
+    "one job table: one is used, the next tried at once when it cannot be reached"
+)
 
 
 def normalize_url(url: str) -> str:
@@ -106,3 +122,12 @@ def brokers(urls: Sequence[str]) -> str:
     if len(urls) == 1:
         return f"the broker at {urls[0]}"
     return f"any of the brokers at {', '.join(urls)}"
+
+
+def url_argument(value: str) -> tuple[str, ...]:
+    """``--url``'s value (or ``CONVEYOR_URL``'s) as the URLs it lists, for argparse: a bad
+    one is a bad argument (exit 2) naming it."""
+    try:
+        return parse_urls(value)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None

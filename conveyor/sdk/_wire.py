@@ -527,6 +527,16 @@ class OpSpec:
         """Whether a connection holding ``roles`` may call this op."""
         return not self.roles or not self.roles.isdisjoint(roles)
 
+    def needs(self) -> str:
+        """The roles that grant this op, for a message: "the publish role", "the publish,
+        work or read role"; admin grants every op, so it is named only when no other role
+        does ("the admin role")."""
+        names = sorted(role.value for role in self.roles if role is not Role.ADMIN)
+        if not names:
+            return "the admin role"
+        listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        return f"the {listed} role"
+
 
 _P, _W, _A, _R = Role.PUBLISH, Role.WORK, Role.ADMIN, Role.READ
 _ANYONE: frozenset[Role] = frozenset()

@@ -25,8 +25,8 @@ def run(*args: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
 
 
 def ok(*args: str) -> Any:
-    """Run a command that must succeed; return the JSON it printed."""
-    done = run(*args)
+    """Run a command that must succeed with ``--json``; return the JSON it printed."""
+    done = run(*args, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -52,14 +52,16 @@ def test_enqueue_job_cancel_and_stats(broker_process: str) -> None:
     assert queue in ok("stats", "--url", url)
 
     assert ok("cancel", job_id, "--url", url) == {"cancelled": True}
-    assert ok("cancel", job_id, "--url", url) == {"cancelled": False}
-    assert ok("job", job_id, "--url", url) is None
+    again = run("cancel", job_id, "--url", url, "--json")  # nothing to cancel: exit 1
+    assert (again.returncode, json.loads(again.stdout)) == (1, {"cancelled": False})
+    gone = run("job", job_id, "--url", url, "--json")
+    assert (gone.returncode, json.loads(gone.stdout)) == (1, None)
 
 
 def test_an_unreachable_broker_exits_1_with_a_message() -> None:
     done = run("stats", "--url", f"ws://127.0.0.1:{free_port()}", "--timeout", "0.5")
     assert done.returncode == 1
-    assert "cannot reach the broker" in done.stderr
+    assert "cannot reach the broker" in done.stderr and "is it running?" in done.stderr
     assert done.stdout == ""
 
 
@@ -124,12 +126,12 @@ def test_worker_runs_a_worker_object_until_sigterm(broker_process: str, tmp_path
         assert out.next(timeout=15) == "handled 1\n"
         assert out.next() == "handled 2\n"
         # prefetch=1: the second job came only once the first was acked.
-        assert ok("job", first, "--url", url) is None
+        assert run("job", first, "--url", url).returncode == 1  # gone
 
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0
         # Graceful: the job it had just handled was reported before it exited.
-        assert ok("job", second, "--url", url) is None
+        assert run("job", second, "--url", url).returncode == 1  # gone
 
 
 def test_worker_with_a_bad_target_says_so(tmp_path: Path) -> None:

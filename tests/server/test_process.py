@@ -1,4 +1,4 @@
-"""``conveyor serve`` as a real process: its one line, /healthz, signals, settings.
+"""``conveyor serve`` as a real process: its two lines, /healthz, signals, settings.
 
 The broker runs as ``python -m conveyor serve`` in a subprocess; the tests wait on its
 output and on frames, each wait bounded.
@@ -86,6 +86,9 @@ async def serving(*args: str, env: dict[str, str] | None = None) -> AsyncIterato
         line = await asyncio.wait_for(proc.stdout.readline(), START)
         match = LISTENING.fullmatch(line)
         assert match, line
+        # The dashboard's address, next to the listening line.
+        dashboard = await asyncio.wait_for(proc.stdout.readline(), START)
+        assert dashboard == f"dashboard: http://{match[1].decode()}:{match[2].decode()}/\n".encode()
         yield Served(proc, match[1].decode(), int(match[2]))
     finally:
         if proc.returncode is None:
@@ -101,16 +104,19 @@ async def http_get(url: str) -> tuple[int, str, bytes]:
     return await asyncio.to_thread(get)
 
 
-async def test_serve_prints_one_line_and_answers_healthz() -> None:
+async def test_serve_prints_its_url_and_the_dashboards_and_answers_healthz() -> None:
     async with serving() as served:
         assert served.host == "127.0.0.1"
+        status, content_type, body = await http_get(f"http://127.0.0.1:{served.port}/")
+        assert (status, content_type.split(";")[0]) == (200, "text/html")
+        assert b"<html" in body.lower()
         status, content_type, body = await http_get(f"http://127.0.0.1:{served.port}/healthz")
         assert status == 200
         assert content_type == "application/json"
         assert json.loads(body)["status"] == "ok"
         code, out, err = await served.stop()
     assert code == 0
-    assert out == b""  # the listening line was the only one
+    assert out == b""  # the two lines were the only ones
     assert WARNING not in err.decode()  # loopback without tokens is fine
 
 

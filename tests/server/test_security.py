@@ -117,6 +117,10 @@ async def test_each_role_may_call_only_its_operations(client: ClientFactory, rol
         else:
             assert error_code(reply) == "forbidden", (role, op, reply)
             assert reply["error"]["field"] == "op"
+            # The refusal names the op and a role that would grant it.
+            message = reply["error"]["message"]
+            assert message.startswith(f"op: this connection may not call {op!r}: it needs the ")
+            assert any(r.value in message for r in OPS[op].roles), message
     if role is Role.READ:
         # Nothing it was refused took effect: no queue was created by enqueue, pause
         # or subscribe.

@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from conveyor.broker import feed
-from conveyor.broker.engine import QueueStats
 from conveyor.broker.server import Broker
 from conveyor.sdk import Client, Fail, Job, Worker
 
@@ -144,32 +142,6 @@ async def test_a_queues_last_hour_shows_completed_and_failed_in_its_row_and_card
     await expect(failed).to_have_count(1)
     await page.get_by_test_id("queue-detail-close").click()
     await expect(card).to_be_hidden()
-    assert tab.seen.errors == []
-
-
-async def test_the_oldest_ready_column_shows_the_age_of_the_stats_oldest_ready_at(
-    broker: Broker, tab: Tab, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The column reads `oldest_ready_at` of each queue's stats (epoch seconds, null when
-    # nothing is ready); here the feed reports one 125 s old for queue "late".
-    plain = feed.queue_info
-
-    def with_latency(stats: QueueStats) -> dict[str, Any]:
-        info = plain(stats)
-        # Set, not defaulted: the stats carry their own (seconds old here).
-        info["oldest_ready_at"] = broker.clock() - 125 if stats.ready else None
-        return info
-
-    monkeypatch.setattr(feed, "queue_info", with_latency)
-    page = await open_dashboard(tab, broker)
-    async with Client(broker.url) as client:
-        await client.enqueue("late", "x")
-        await client.enqueue("early", "y", delay_s=3600)
-    await expect(cell(page, "late", "oldest_ready")).to_have_text("2 min")
-    await expect(cell(page, "early", "oldest_ready")).to_have_text("\N{EN DASH}")
-    await page.get_by_test_id("open-queue-late").click()
-    summary = page.get_by_test_id("queue-detail-summary")
-    await expect(summary.locator('[data-field="oldest_ready"] dd')).to_have_text("2 min")
     assert tab.seen.errors == []
 
 

@@ -138,6 +138,9 @@ _JOB_COLUMNS = (
     "last_error, died_at, key, timeout_s"
 )
 
+# Where a listed row (``_JOB_COLUMNS`` then its lease) has its lease: after the columns.
+_LISTED_LEASE = len(_JOB_COLUMNS.split(", "))
+
 _QUEUE_OPTS = (
     "name, visibility_timeout_s, max_attempts, backoff_base_s, backoff_max_s, expires_s, "
     "retention_s"
@@ -1990,7 +1993,7 @@ def _list_key(state: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
     if state == "scheduled":
         return (row[11], row[0])
     if state == "processing":
-        return (_lease_number(row[18]),)
+        return (_lease_number(row[_LISTED_LEASE]),)
     return (row[16], row[0])  # died_at, seq
 
 

@@ -1,0 +1,566 @@
+"""The one-shot client commands of ``conveyor``: look at queues and jobs, and act on them.
+
+``enqueue``, ``job``, ``jobs``, ``dead``, ``stats``, ``cancel``, ``pause``, ``resume``,
+``redrive`` and ``purge`` (``docs/cli.md`` shows each). Each connects to a running broker
+at ``--url``, makes its calls, and prints for people: tables, fields one per line, times
+as local dates with how far they are ("in 3 min"). ``--json`` prints JSON instead, the
+same shapes as before this output existed, for scripts.
+
+Exit status: 0 when it did what was asked; 1 when the broker refused or could not be
+reached, or when nothing happened (``job`` of an unknown id, ``cancel`` of a job that is
+gone, ``redrive`` of one that is not dead); 2 for bad arguments. Errors go to stderr, one
+line each, starting ``conveyor:``.
+
+A broker that is not running is said at once: the client tries each URL once
+(``Client(fail_fast=True)``) instead of retrying until ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._client import Client
+from ._errors import ConnectionFailed, ConveyorError
+from ._table import Column, duration, fields, table, when
+from ._types import JobInfo
+from ._urls import DEFAULT_URL, URL_HELP, url_argument
+from ._wire import WireError, decode_value, encode
+
+__all__ = ["EXIT_FAILED", "EXIT_USAGE", "add_admin_commands", "connection_args"]
+
+EXIT_FAILED = 1  # refused, unreachable, or nothing happened
+EXIT_USAGE = 2  # bad arguments (argparse's own status for them too)
+
+STATES = ("ready", "scheduled", "processing", "dead")
+DEFAULT_LIMIT = 50
+# How much of a payload or an error a table cell shows.
+_CELL = 40
+
+# The options of one request (a job's priority, a listing's filter or cursor) have no
+# variable, and their help says so: a value left in the environment would apply to every
+# later call. Every other option names its CONVEYOR_* variable.
+_PER_CALL = "(no variable: it belongs to one call)"
+
+_GONE = "no such job (it was acked, cancelled, purged or expired, or never enqueued)"
+
+
+@dataclass
+class Outcome:
+    """What a command found or did: ``data`` for ``--json``, ``text`` for people (``None``:
+    nothing on stdout), ``problems`` for stderr; ``failed``: exit 1."""
+
+    data: Any
+    text: str | None
+    problems: list[str] = field(default_factory=list)
+    failed: bool = False
+
+
+Action = Callable[[Client, argparse.Namespace, float], Awaitable[Outcome]]
+
+
+def _env_default(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name) or default
+
+
+def _yes(name: str) -> bool:
+    return (os.environ.get(name) or "").strip().lower() in ("1", "true", "yes")
+
+
+def connection_args(parser: argparse.ArgumentParser) -> None:
+    """``--url``, ``--token``, ``--timeout`` and ``--json``, each with its variable."""
+    parser.add_argument(
+        "--url",
+        type=url_argument,  # (applied to the default too: a bad CONVEYOR_URL is refused alike)
+        default=_env_default("CONVEYOR_URL", DEFAULT_URL),
+        help=f"{URL_HELP} (CONVEYOR_URL; default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--token",
+        default=_env_default("CONVEYOR_TOKEN"),
+        help="the token to authenticate with (CONVEYOR_TOKEN; default none)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        # (a string: argparse converts it as it does the flag's, so a bad CONVEYOR_TIMEOUT
+        # is refused like a bad --timeout, and only by the commands that take it)
+        default=_env_default("CONVEYOR_TIMEOUT", "5"),
+        help="seconds to wait for a broker that does not answer, and for each reply; one "
+        "that refuses the connection (not running) is reported at once "
+        "(CONVEYOR_TIMEOUT; default 5)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=_yes("CONVEYOR_JSON"),
+        help="print JSON for scripts instead of text for people (CONVEYOR_JSON=1)",
+    )
+
+
+def _problem(text: str) -> None:
+    print(f"conveyor: {text}", file=sys.stderr)
+
+
+def run_client(args: argparse.Namespace, action: Action) -> int:
+    """Connect, run ``action``, print its outcome; the exit status."""
+    # One-shot commands report an unreachable broker themselves, once.
+    logging.getLogger("conveyor.sdk").setLevel(logging.ERROR)
+
+    async def main() -> Outcome:
+        async with Client(
+            args.url,
+            args.token,
+            connect_timeout=args.timeout,
+            request_timeout=args.timeout,
+            fail_fast=True,
+        ) as client:
+            return await action(client, args, time.time())
+
+    try:
+        outcome = asyncio.run(main())
+    except ConnectionFailed as exc:
+        hint = ""
+        if "connection refused" in exc.message:
+            hint = "; is it running?" if len(args.url) == 1 else "; is one running?"
+        _problem(f"{exc.message}{hint}")
+        return EXIT_FAILED
+    except ConveyorError as exc:
+        _problem(f"{exc.code}: {exc.message}")
+        return EXIT_FAILED
+    if args.json:
+        print(encode(outcome.data).decode())
+    elif outcome.text is not None:
+        print(outcome.text)
+    for problem in outcome.problems:
+        _problem(problem)
+    return EXIT_FAILED if outcome.failed else 0
+
+
+# -- showing jobs ---------------------------------------------------------------------
+
+
+def _json(value: Any) -> str:
+    return encode(value).decode()
+
+
+def _pretty(value: Any) -> str:
+    """A payload for people: indented JSON (a scalar stays on one line)."""
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g} s"
+
+
+# The fields of `job ID`, in the order shown, each with how it is shown.
+_JOB_FIELDS: tuple[tuple[str, str, Callable[[Any, float], str]], ...] = (
+    ("id", "id", lambda v, now: str(v)),
+    ("queue", "queue", lambda v, now: str(v)),
+    ("state", "state", lambda v, now: str(v)),
+    ("priority", "priority", lambda v, now: str(v)),
+    ("key", "key", lambda v, now: "-" if v is None else str(v)),
+    ("enqueued_at", "enqueued", lambda v, now: when(v, now)),
+    ("ready_at", "ready at", lambda v, now: when(v, now)),
+    ("expires_at", "expires", lambda v, now: when(v, now)),
+    ("worker_id", "worker", lambda v, now: "-" if v is None else str(v)),
+    ("deadline", "lease ends", lambda v, now: when(v, now)),
+    ("died_at", "died", lambda v, now: when(v, now)),
+    ("last_error", "last error", lambda v, now: "-" if v is None else str(v)),
+    ("visibility_timeout_s", "lease", lambda v, now: _seconds(v)),
+    ("timeout_s", "time limit", lambda v, now: _seconds(v)),
+    ("backoff_base_s", "backoff base", lambda v, now: _seconds(v)),
+    ("backoff_max_s", "backoff max", lambda v, now: _seconds(v)),
+)
+
+
+def show_job(info: JobInfo, now: float) -> str:
+    """``info`` as fields one per line: times as local dates, the payload as indented
+    JSON. A field this list does not know (a newer SDK's) is shown too, as JSON."""
+    data = dataclasses.asdict(info)
+    pairs: list[tuple[str, str]] = []
+    for name, label, show in _JOB_FIELDS:
+        if name in data:
+            pairs.append((label, show(data[name], now)))
+        if name == "priority":
+            attempts = f"{data.get('attempts')} of {data.get('max_attempts')}"
+            pairs.append(("attempts", attempts))
+    known = {name for name, _, _ in _JOB_FIELDS} | {"payload", "attempts", "max_attempts"}
+    pairs.extend((name, _json(value)) for name, value in data.items() if name not in known)
+    pairs.append(("payload", _pretty(data.get("payload"))))
+    return fields(pairs)
+
+
+def _attempts(job: JobInfo) -> str:
+    return f"{job.attempts}/{job.max_attempts}"
+
+
+def show_jobs(jobs: Sequence[JobInfo], state: str, now: float) -> str:
+    """A table of ``jobs`` of one ``state``, with the columns that state has."""
+    head = [Column("ID"), Column("PRIORITY", right=True), Column("ATTEMPTS", right=True)]
+    if state == "ready":
+        extra = [Column("READY SINCE"), Column("ENQUEUED")]
+        cells = [
+            [when(j.ready_at, now, short=True), when(j.enqueued_at, now, short=True)] for j in jobs
+        ]
+    elif state == "scheduled":
+        extra = [Column("RUNS AT"), Column("ENQUEUED")]
+        cells = [
+            [when(j.ready_at, now, short=True), when(j.enqueued_at, now, short=True)] for j in jobs
+        ]
+    elif state == "processing":
+        extra = [Column("WORKER", limit=_CELL), Column("LEASE ENDS")]
+        cells = [[j.worker_id or "-", when(j.deadline, now, short=True)] for j in jobs]
+    else:  # dead
+        extra = [Column("DIED"), Column("ERROR", limit=_CELL)]
+        cells = [[when(j.died_at, now, short=True), j.last_error or "-"] for j in jobs]
+    rows = [
+        [j.id, str(j.priority), _attempts(j), *more, _json(j.payload)]
+        for j, more in zip(jobs, cells, strict=True)
+    ]
+    return table([*head, *extra, Column("PAYLOAD", limit=_CELL)], rows)
+
+
+def _page_data(page: Any) -> dict[str, Any]:
+    return {
+        "jobs": [dataclasses.asdict(job) for job in page.jobs],
+        "next": page.next,
+        "total": page.total,
+    }
+
+
+def _page_text(page: Any, state: str, queue: str, more: str, now: float) -> str:
+    """The table of a page of jobs, and a line under it: how many of how many, and the
+    command for the next page."""
+    if not page.jobs:
+        return f"no {state} jobs in {queue}" if not page.total else f"no more {state} jobs"
+    lines = [show_jobs(page.jobs, state, now), ""]
+    noun = "job" if page.total == 1 else "jobs"
+    shown = f"{len(page.jobs):,} of {page.total:,} {state} {noun} in {queue}"
+    if page.next is not None:
+        shown += f"; the next page: {more} --cursor {page.next}"
+    lines.append(shown)
+    return "\n".join(lines)
+
+
+# -- the commands ---------------------------------------------------------------------
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        name: getattr(args, name)
+        for name in (
+            "priority",
+            "delay_s",
+            "run_at",
+            "expires_s",
+            "max_attempts",
+            "key",
+            "timeout_s",
+        )
+        if getattr(args, name) is not None
+    }
+
+
+async def _enqueue(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    job_id = await client.enqueue(args.queue, args.payload_value, **_options(args))
+    text = f"enqueued {job_id} on {args.queue}"
+    runs_at = args.run_at if args.run_at is not None else None
+    if args.delay_s is not None:
+        runs_at = now + args.delay_s
+    if runs_at is not None and runs_at > now:
+        text += f", to run at {when(runs_at, now)}"
+    return Outcome({"id": job_id}, text)
+
+
+async def _job(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    info = await client.get_job(args.id)
+    if info is None:
+        return Outcome(None, None, [f"{args.id}: {_GONE}"], failed=True)
+    return Outcome(dataclasses.asdict(info), show_job(info, now))
+
+
+async def _jobs(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    page = await client.list_jobs(
+        args.queue, args.state, search=args.search, cursor=args.cursor, limit=args.limit
+    )
+    more = f"conveyor jobs {args.queue} --state {args.state}"
+    if args.search is not None:
+        more += f" --search {args.search!r}"
+    return Outcome(_page_data(page), _page_text(page, args.state, args.queue, more, now))
+
+
+async def _dead(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    page = await client.dead_letters(args.queue, limit=args.limit, cursor=args.cursor)
+    more = f"conveyor dead {args.queue}"
+    return Outcome(_page_data(page), _page_text(page, "dead", args.queue, more, now))
+
+
+_STATS_COLUMNS = (
+    Column("QUEUE"),
+    Column("READY", right=True),
+    Column("SCHEDULED", right=True),
+    Column("PROCESSING", right=True),
+    Column("DEAD", right=True),
+    Column("PAUSED"),
+    Column("OLDEST READY", right=True),
+    Column("ENQUEUED", right=True),
+    Column("COMPLETED", right=True),
+)
+
+
+def show_stats(queues: dict[str, dict[str, Any]], now: float) -> str:
+    """``stats``' counts as a table, a queue a row, by name; the oldest ready job's age
+    (how long it has waited), and the totals since the broker's table began."""
+    if not queues:
+        return "no queues yet"
+    rows = []
+    for name in sorted(queues):
+        q = queues[name]
+        oldest = q.get("oldest_ready_at")
+        totals = q.get("totals") or {}
+        rows.append(
+            [
+                name,
+                f"{q.get('ready', 0):,}",
+                f"{q.get('scheduled', 0):,}",
+                f"{q.get('processing', 0):,}",
+                f"{q.get('dead', 0):,}",
+                "yes" if q.get("paused") else "no",
+                "-" if oldest is None else duration(max(now - oldest, 0.0)),
+                f"{totals.get('enqueued', 0):,}",
+                f"{totals.get('completed', 0):,}",
+            ]
+        )
+    return table(_STATS_COLUMNS, rows)
+
+
+async def _stats(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    queues = await client.stats(args.queue)
+    return Outcome(queues, show_stats(queues, now))
+
+
+async def _cancel(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    ids: list[str] = args.ids
+    if len(ids) == 1:
+        done = [await client.cancel(ids[0])]
+        data: Any = {"cancelled": done[0]}
+    else:
+        done = list(await client.cancel_many(ids))
+        data = {"results": [{"id": i, "cancelled": c} for i, c in zip(ids, done, strict=True)]}
+    lines = [f"cancelled {i}" for i, c in zip(ids, done, strict=True) if c]
+    problems = [f"{i}: nothing to cancel: {_GONE}" for i, c in zip(ids, done, strict=True) if not c]
+    return Outcome(data, "\n".join(lines) if lines else None, problems, failed=bool(problems))
+
+
+async def _redrive(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    if args.all is not None:
+        count = await client.redrive_all(args.all)
+        text = f"redrove {count:,} dead {'job' if count == 1 else 'jobs'} of {args.all}"
+        return Outcome({"queue": args.all, "redriven": count}, text)
+    ids: list[str] = args.ids
+    done = list(await asyncio.gather(*(client.redrive(i) for i in ids)))
+    if len(ids) == 1:
+        data: Any = {"redriven": done[0]}
+    else:
+        data = {"results": [{"id": i, "redriven": r} for i, r in zip(ids, done, strict=True)]}
+    lines = [f"redrove {i}" for i, r in zip(ids, done, strict=True) if r]
+    problems = [
+        f"{i}: not redriven: no dead job with this id (it is not dead, or gone)"
+        for i, r in zip(ids, done, strict=True)
+        if not r
+    ]
+    return Outcome(data, "\n".join(lines) if lines else None, problems, failed=bool(problems))
+
+
+async def _purge(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    count = await client.purge_dead(args.queue)
+    text = f"purged {count:,} dead {'job' if count == 1 else 'jobs'} of {args.queue}"
+    return Outcome({"purged": count}, text)
+
+
+async def _pause(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    await client.pause(args.queue)
+    return Outcome({"queue": args.queue, "paused": True}, f"paused {args.queue}")
+
+
+async def _resume(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    await client.resume(args.queue)
+    return Outcome({"queue": args.queue, "paused": False}, f"resumed {args.queue}")
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+def _moment(value: str) -> float:
+    """``--run-at``: epoch seconds, or an ISO 8601 date and time (local when it names no
+    zone): ``2024-05-01T14:00`` or ``"2024-05-01 14:00:00+02:00"``."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be epoch seconds or an ISO 8601 date and time, got {value!r}"
+        ) from None
+    return moment.timestamp()  # (a naive one is taken as local time)
+
+
+def _limit(value: str) -> int:
+    try:
+        limit = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {value!r}") from None
+    if limit < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {limit}")
+    return limit
+
+
+def _paging_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--limit",
+        type=_limit,
+        default=_env_default("CONVEYOR_LIMIT", str(DEFAULT_LIMIT)),  # (as --timeout's)
+        help=f"jobs per page, at most (CONVEYOR_LIMIT; default {DEFAULT_LIMIT})",
+    )
+    parser.add_argument(
+        "--cursor",
+        help=f"where the page starts: the cursor the previous page printed {_PER_CALL}",
+    )
+
+
+def _command(commands: Any, name: str, summary: str, action: Action) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name, help=summary, description=summary[0].upper() + summary[1:] + "."
+    )
+    parser.set_defaults(run=lambda args: run_client(args, action))
+    return parser
+
+
+def _enqueue_run(args: argparse.Namespace) -> int:
+    try:
+        args.payload_value = decode_value(args.payload)
+    except WireError as exc:
+        _problem(f"the payload is not valid JSON: {exc}")
+        return EXIT_USAGE
+    return run_client(args, _enqueue)
+
+
+def add_admin_commands(commands: Any) -> None:
+    """Add the one-shot client subcommands to ``conveyor``'s subparsers."""
+    per_call = _PER_CALL
+
+    enqueue = _command(commands, "enqueue", "enqueue one job", _enqueue)
+    enqueue.set_defaults(run=_enqueue_run)
+    enqueue.add_argument("queue")
+    enqueue.add_argument("payload", help='the payload as JSON, e.g. \'{"to": "a@b.c"}\'')
+    enqueue.add_argument("--priority", type=int, help=f"higher runs first; default 0 {per_call}")
+    enqueue.add_argument(
+        "--delay", dest="delay_s", type=float, metavar="SECONDS", help=f"run after this {per_call}"
+    )
+    enqueue.add_argument(
+        "--run-at",
+        dest="run_at",
+        type=_moment,
+        metavar="WHEN",
+        help=f"run at this time: epoch seconds or an ISO 8601 date and time, local unless "
+        f"it names a zone {per_call}",
+    )
+    enqueue.add_argument(
+        "--expires",
+        dest="expires_s",
+        type=float,
+        metavar="SECONDS",
+        help=f"drop the job if it has not run this long after enqueue {per_call}",
+    )
+    enqueue.add_argument(
+        "--max-attempts",
+        dest="max_attempts",
+        type=int,
+        help=f"attempts before it is dead (the queue's default otherwise) {per_call}",
+    )
+    enqueue.add_argument(
+        "--key", help=f"idempotency key: the same key stores the job once {per_call}"
+    )
+    enqueue.add_argument(
+        "--time-limit",
+        dest="timeout_s",
+        type=float,
+        metavar="SECONDS",
+        help=f"the handler's time limit: past it, it is cancelled and the job retried {per_call}",
+    )
+    connection_args(enqueue)
+
+    job = _command(commands, "job", "show one job", _job)
+    job.add_argument("id")
+    connection_args(job)
+
+    jobs = _command(commands, "jobs", "list the jobs of a queue in one state", _jobs)
+    jobs.add_argument("queue")
+    jobs.add_argument(
+        "--state",
+        choices=STATES,
+        default="ready",
+        help=f"which jobs: default ready {per_call}",
+    )
+    jobs.add_argument(
+        "--search",
+        metavar="TEXT",
+        help=f"only jobs whose id or key is TEXT, or whose payload JSON contains it; one call "
+        f"looks at up to 2,000 jobs, so a page may be short: go on with --cursor {per_call}",
+    )
+    _paging_args(jobs)
+    connection_args(jobs)
+
+    dead = _command(commands, "dead", "list the dead letters of a queue", _dead)
+    dead.add_argument("queue")
+    _paging_args(dead)
+    connection_args(dead)
+
+    stats = _command(commands, "stats", "counts per queue", _stats)
+    stats.add_argument("--queue", help=f"this queue only {per_call}")
+    connection_args(stats)
+
+    cancel = _command(commands, "cancel", "cancel jobs, in any state", _cancel)
+    cancel.add_argument("ids", nargs="+", metavar="ID")
+    connection_args(cancel)
+
+    pause = _command(commands, "pause", "stop handing out the jobs of a queue", _pause)
+    pause.add_argument("queue")
+    connection_args(pause)
+
+    resume = _command(commands, "resume", "hand out the jobs of a paused queue again", _resume)
+    resume.add_argument("queue")
+    connection_args(resume)
+
+    redrive = _command(
+        commands, "redrive", "put dead jobs back to ready, their attempts reset", _redrive
+    )
+    redrive.add_argument("ids", nargs="*", metavar="ID")
+    redrive.add_argument(
+        "--all", metavar="QUEUE", help=f"every dead job of QUEUE, in place of IDs {per_call}"
+    )
+    connection_args(redrive)
+    redrive.set_defaults(run=lambda args: _redrive_run(redrive, args))
+
+    purge = _command(commands, "purge", "delete the dead letters of a queue", _purge)
+    purge.add_argument("queue")
+    connection_args(purge)
+
+
+def _redrive_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if (args.all is None) == (not args.ids):
+        parser.error("give job IDs or --all QUEUE (one of them)")  # exits 2
+    return run_client(args, _redrive)
