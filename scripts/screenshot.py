@@ -6,11 +6,11 @@ some realistic traffic, 1400 px wide and 420 px wide (a phone).
 
 Starts an in-memory broker in this process, runs a few publishers and workers through
 the SDK (steady mail, bursty thumbnails with some retries, billing with dead letters,
-slow transcodes, a paused reports queue with a backlog), lets the charts fill for
+slow transcodes, a backlog of reports paused part way), lets the charts fill for
 ``--seconds``, then opens the page in Debian's Chromium (see
-../shared/browser-testing.md), opens a queue, a worker and a dead job, and saves a
-full-page screenshot at each width. Needs /usr/bin/chromium and the playwright package
-(never ``playwright install``).
+../shared/browser-testing.md), opens a queue (its job browser, two jobs ticked), a worker
+and a dead job, and saves a full-page screenshot at each width. Needs /usr/bin/chromium
+and the playwright package (never ``playwright install``).
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ def workers(url: str) -> list[Worker]:
     imaging = Worker(url, queues=[], worker_id="imaging-02a1", prefetch=4, shutdown_timeout_s=2)
     payments = Worker(url, queues=[], worker_id="payments-91be", prefetch=2, shutdown_timeout_s=2)
     video = Worker(url, queues=[], worker_id="video-5d10", prefetch=3, shutdown_timeout_s=2)
+    reporter = Worker(url, queues=[], worker_id="reports-33d0", prefetch=1, shutdown_timeout_s=2)
 
     @mailer.handler("emails")
     async def send(job: Job) -> None:
@@ -117,16 +118,22 @@ def workers(url: str) -> list[Worker]:
     async def transcode(job: Job) -> None:
         await asyncio.sleep(rng.uniform(20, 90))
 
-    return [mailer, imaging, payments, video]
+    @reporter.handler("reports")
+    async def report(job: Job) -> None:
+        await asyncio.sleep(rng.uniform(0.6, 1.4))
+
+    return [mailer, imaging, payments, video, reporter]
 
 
 @contextlib.asynccontextmanager
 async def traffic(broker: Broker) -> AsyncIterator[Client]:
     stop = asyncio.Event()
     async with Client(broker.url) as client:
-        # A paused queue with a backlog, and some scheduled work.
-        await client.pause("reports")
-        await client.enqueue_many("reports", [{"report": "weekly", "team": n} for n in range(37)])
+        # A backlog of reports, worked through slowly (the queue is paused before the
+        # shot, with what is left), and some scheduled work.
+        await client.enqueue_many(
+            "reports", [{"report": "weekly", "team": f"team-{n:02d}"} for n in range(90)]
+        )
         await client.enqueue_many(
             "webhooks", [{"hook": f"https://hooks.example.com/{n}"} for n in range(5)], delay_s=900
         )
@@ -143,14 +150,19 @@ async def traffic(broker: Broker) -> AsyncIterator[Client]:
 
 
 async def shot(browser: Browser, url: str, width: int, out: str) -> None:
-    """The dashboard at ``url`` in a ``width`` px window, a queue, a worker and a dead job
-    opened, saved whole to ``out``."""
+    """The dashboard at ``url`` in a ``width`` px window, a queue (its jobs listed), a
+    worker and a dead job opened, saved whole to ``out``."""
     from playwright.async_api import expect
 
     page = await browser.new_page(viewport={"width": width, "height": 900})
     await page.goto(url)
     await expect(page.get_by_test_id("conn-state")).to_have_attribute("data-state", "live")
-    await page.get_by_test_id("open-queue-emails").click()
+    # The paused reports queue's backlog in the job browser, two of its jobs ticked.
+    await page.get_by_test_id("open-queue-reports").click()
+    body = page.get_by_test_id("jobs-body")
+    await expect(body.locator("tr")).to_have_count(20)
+    for row in (await body.locator("tr").all())[1:3]:
+        await row.locator('input[type="checkbox"]').check()
     await page.get_by_test_id("open-worker-video-5d10").click()
     await expect(page.locator('[data-testid^="held-row-"]').first).to_be_visible()
     dead = page.locator('[data-testid^="dead-row-"]')
@@ -175,7 +187,9 @@ async def shoot(args: argparse.Namespace) -> None:
 
     config = Config(port=0, store="memory", sweep_interval_s=1.0, disconnect_grace_s=0.0)
     async with running_broker(config) as broker, traffic(broker) as client:
-        await asyncio.sleep(args.seconds)
+        await asyncio.sleep(args.seconds * 0.7)
+        await client.pause("reports")
+        await asyncio.sleep(args.seconds * 0.3)
         url = broker.url.replace("ws://", "http://").removesuffix("/ws") + "/"
         async with async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)

@@ -166,6 +166,17 @@ class Dispatcher:
         # Jobs handed out in the pass running now, pushed at its end (see _handed).
         self._out: dict[Subscription, list[Claimed]] | None = None
 
+    def claimed_at(self, job_id: str) -> float | None:
+        """When the lease a worker on this broker holds of ``job_id`` was taken (the
+        claim's time, by the backend's clock); ``None`` when no worker here holds it, or
+        when its holder re-attached the lease (the claim was made before, maybe by
+        another broker). O(1): what ``list_jobs`` adds to a processing job."""
+        holder = self._holders.get(job_id)
+        if holder is None:
+            return None
+        held = holder[0].in_flight.get(holder[1])
+        return None if held is None or held.reattached else held.since
+
     # -- what the server tells the dispatcher ---------------------------------------------
 
     def subscribe(self, sub: Subscription, leases: list[tuple[str, str]]) -> Pending[list[str]]:

@@ -318,8 +318,15 @@ def list_jobs(conn: Peer, f: dict[str, Any]) -> Reply:
         if page is None:
             raise _no_queue(name)
         now = backend.now()
+        jobs = [job_info(job, now) for job in page.jobs]
+        if state == "processing":
+            # The claim time is no field of the job's row: the dispatcher knows it for the
+            # jobs held by this broker's workers (what the dashboard shows as running since).
+            claimed_at = conn.broker.dispatcher.claimed_at
+            for job in jobs:
+                job["claimed_at"] = claimed_at(job["id"])
         return {
-            "jobs": [job_info(job, now) for job in page.jobs],
+            "jobs": jobs,
             "next": None if page.next is None else _cursor(state, page.next),
             "total": page.total,
         }

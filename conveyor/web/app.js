@@ -23,6 +23,7 @@ const state = {
   rid: 0,
   pending: new Map(), // rid -> resolve(reply)
   roles: [],
+  maxBatch: 1, // the most ids in one cancel_batch (the hello reply says)
   authed: false,
   sentToken: false,
   awaitingToken: false,
@@ -271,6 +272,7 @@ async function hello() {
     state.authed = true;
     state.awaitingToken = false;
     state.roles = Array.isArray(reply.roles) ? reply.roles : [];
+    state.maxBatch = typeof reply.max_batch === "number" && reply.max_batch > 0 ? reply.max_batch : 1;
     $("token-panel").hidden = true;
     if (typeof reply.version === "string") setText($("server-version"), reply.version);
     renderRole();
@@ -601,9 +603,11 @@ function drawHour(chart, name, at) {
 let queueDetail = null; // {bars, summary cells} of the open queue's card
 
 function openQueue(name) {
+  const again = state.queue === name;
   state.queue = name;
   queueDetail = null;
   $("queue-card").hidden = false;
+  if (!again) openJobs();
   if (state.last) renderQueueDetail(state.last.queues || {}, state.last.at);
   $("queue-card").scrollIntoView({ block: "nearest", behavior: "smooth" });
 }
@@ -611,6 +615,7 @@ function openQueue(name) {
 function closeQueue() {
   state.queue = null;
   queueDetail = null;
+  closeJobs();
   $("queue-card").hidden = true;
 }
 
@@ -660,6 +665,368 @@ function renderQueueDetail(queues, at) {
   const hour = drawHour(queueDetail.bars, name, at);
   const lastHour = q.last_hour || hour;
   setText($("queue-hour-total"), `${fmtCount(lastHour.completed)} completed, ${fmtCount(lastHour.failed)} failed`);
+  jobsOnCounts(q);
+}
+
+// -- one queue's jobs, by state -----------------------------------------------------------
+//
+// A page of `list_jobs` on the dashboard's socket: keyset pages (the op's cursor), with a
+// stack of the cursors the earlier pages started from, for "previous". The open page is
+// asked for again when the feed's counts for its queue change (at most once a second) or
+// on the operator's action; it is never polled.
+
+const JOB_STATES = ["ready", "scheduled", "processing", "dead"];
+const JOBS_LIMIT = 20;
+const JOBS_REFRESH_MS = 1000; // the most often the open page is asked for again
+const SEARCH_DEBOUNCE_MS = 300;
+const SEARCH_HOPS = 10; // a search's empty pages followed on one "page" (2,000 jobs each)
+const PREVIEW_LEN = 120;
+
+const TIME_OF_STATE = {
+  ready: ["Ready since", (job) => Math.max(job.ready_at, job.enqueued_at), "waiting since (its ready time, or its enqueue)"],
+  scheduled: ["Due at", (job) => job.ready_at, "when it becomes ready"],
+  processing: ["Running since", (job) => job.claimed_at, "when its worker took it"],
+  dead: ["Died at", (job) => job.died_at, "when it died"],
+};
+
+const listing = {
+  state: "ready",
+  search: "",
+  cursor: null, // where the open page starts (null: the first page)
+  stack: [], // the cursors the earlier pages started from
+  page: null, // {jobs, next, total, queue, state} of the open page, once it came
+  error: null,
+  selected: new Set(), // job ids ticked on the open page
+  gen: 0, // the request generation: a reply to an older one is dropped
+  inFlight: false,
+  again: false, // asked again while a request was in flight
+  lastLoad: 0, // performance.now() of the last request
+  timer: null,
+  countsKey: null, // the queue's counts the open page was loaded at
+  searchTimer: null,
+  rowsKey: null, // what the rows show (rebuilt only when it changed)
+  rows: new Map(), // job id -> its checkbox
+};
+
+function resetJobs(keepSearch = true) {
+  listing.gen++;
+  listing.cursor = null;
+  listing.stack = [];
+  listing.page = null;
+  listing.error = null;
+  listing.selected.clear();
+  listing.inFlight = false;
+  listing.again = false;
+  listing.rowsKey = null;
+  clearTimeout(listing.timer);
+  listing.timer = null;
+  if (!keepSearch) {
+    listing.search = "";
+    $("jobs-search").value = "";
+  }
+  setText($("jobs-result"), "");
+}
+
+function countsKeyOf(q) {
+  return JSON.stringify([q.ready, q.scheduled, q.processing, q.dead, q.totals || null]);
+}
+
+function openJobs() {
+  resetJobs(false);
+  listing.state = "ready";
+  const q = state.last && state.last.queues ? state.last.queues[state.queue] : null;
+  listing.countsKey = q ? countsKeyOf(q) : null;
+  $("jobs-body").replaceChildren();
+  loadJobs();
+}
+
+function closeJobs() {
+  resetJobs(false);
+  listing.countsKey = null;
+}
+
+function chooseJobState(name) {
+  if (!JOB_STATES.includes(name)) return;
+  if (name === listing.state && listing.cursor === null) return;
+  listing.state = name;
+  resetJobs();
+  loadJobs();
+}
+
+function onSearchInput() {
+  clearTimeout(listing.searchTimer);
+  listing.searchTimer = setTimeout(() => {
+    const search = $("jobs-search").value.trim();
+    if (search === listing.search) return;
+    listing.search = search;
+    resetJobs();
+    loadJobs();
+  }, SEARCH_DEBOUNCE_MS);
+}
+
+// The feed's counts of the open queue: when they change, the open page may have.
+function jobsOnCounts(q) {
+  const key = countsKeyOf(q);
+  renderJobTabs(q);
+  if (key === listing.countsKey) return;
+  listing.countsKey = key;
+  refreshJobs();
+}
+
+// Ask for the open page again, at most once every JOBS_REFRESH_MS.
+function refreshJobs() {
+  if (!state.queue) return;
+  if (listing.inFlight) {
+    listing.again = true;
+    return;
+  }
+  if (listing.timer) return;
+  const wait = listing.lastLoad + JOBS_REFRESH_MS - performance.now();
+  if (wait <= 0) loadJobs();
+  else
+    listing.timer = setTimeout(() => {
+      listing.timer = null;
+      loadJobs();
+    }, wait);
+}
+
+async function loadJobs() {
+  const queue = state.queue;
+  if (!queue) return;
+  clearTimeout(listing.timer);
+  listing.timer = null;
+  const gen = ++listing.gen;
+  listing.inFlight = true;
+  listing.again = false;
+  listing.lastLoad = performance.now();
+  if (listing.page) renderJobsChrome();
+  else renderJobs(); // a new listing: its rows go, "Loading…" until the reply
+  const fields = { queue, state: listing.state, limit: JOBS_LIMIT };
+  if (listing.search) fields.search = listing.search;
+  let cursor = listing.cursor;
+  let reply;
+  // A search looks at 2,000 jobs per call and may come back empty with a cursor to go
+  // on from: follow a few of those, so that a page shows matches when there are some.
+  for (let hop = 0; ; hop++) {
+    reply = await request("list_jobs", cursor ? { ...fields, cursor } : fields);
+    if (gen !== listing.gen) return; // the operator moved on meanwhile
+    if (!reply.ok || !listing.search || reply.jobs.length > 0 || !reply.next || hop + 1 >= SEARCH_HOPS) break;
+    cursor = reply.next;
+  }
+  listing.inFlight = false;
+  if (reply.ok) {
+    listing.error = null;
+    listing.page = { jobs: reply.jobs, next: reply.next, total: reply.total, queue, state: listing.state };
+    // The page went past the end (its jobs left the state): step back a page.
+    if (reply.jobs.length === 0 && !listing.search && listing.stack.length > 0) {
+      listing.cursor = listing.stack.pop();
+      loadJobs();
+      return;
+    }
+  } else {
+    listing.error = reply.error ? reply.error.message || reply.error.code : "unknown error";
+    listing.countsKey = null; // the next snapshot asks again
+  }
+  renderJobs();
+  if (listing.again) refreshJobs();
+}
+
+function pageJobs(step) {
+  if (!listing.page) return;
+  if (step > 0) {
+    if (!listing.page.next) return;
+    listing.stack.push(listing.cursor);
+    listing.cursor = listing.page.next;
+  } else {
+    if (listing.stack.length === 0) return;
+    listing.cursor = listing.stack.pop();
+  }
+  listing.selected.clear();
+  listing.page = null;
+  loadJobs();
+}
+
+function renderJobTabs(q) {
+  for (const tab of $("jobs-tabs").querySelectorAll("button[data-state]")) {
+    const name = tab.dataset.state;
+    const selected = name === listing.state;
+    tab.setAttribute("aria-selected", String(selected));
+    tab.classList.toggle("selected", selected);
+    if (q) setText(tab.querySelector(".tab-count"), fmtCount(q[name]));
+  }
+}
+
+// What does not wait for a reply: the tabs, the time column's name, the buttons.
+function renderJobsChrome() {
+  const q = state.last && state.last.queues ? state.last.queues[state.queue] : null;
+  renderJobTabs(q || null);
+  const [head, , title] = TIME_OF_STATE[listing.state];
+  const th = $("jobs-time-head");
+  setText(th, head);
+  th.title = title;
+  const admin = isAdmin();
+  const dead = listing.state === "dead";
+  $("jobs-actions").hidden = !admin;
+  $("jobs-cancel").hidden = dead;
+  $("jobs-redrive-all").hidden = !dead;
+  $("jobs-select-head").hidden = !admin || dead;
+  const page = listing.page;
+  $("jobs-prev").disabled = listing.stack.length === 0;
+  $("jobs-next").disabled = !page || !page.next;
+  renderSelection();
+  $("jobs-redrive-all").disabled = !q || !(q.dead > 0);
+}
+
+function renderJobs() {
+  renderJobsChrome();
+  const page = listing.page;
+  const list = page ? page.jobs : [];
+  const admin = isAdmin();
+  const selectable = admin && listing.state !== "dead";
+  // What a row shows that may change (a payload never does; it may be big).
+  const key = JSON.stringify([
+    selectable,
+    listing.state,
+    list.map((j) => [j.id, j.priority, j.attempts, j.max_attempts, j.ready_at, j.claimed_at, j.died_at, j.last_error]),
+  ]);
+  if (key !== listing.rowsKey) {
+    listing.rowsKey = key;
+    listing.rows.clear();
+    const ids = new Set(list.map((job) => String(job.id)));
+    for (const id of listing.selected) if (!ids.has(id)) listing.selected.delete(id);
+    $("jobs-body").replaceChildren(...list.map((job) => jobRow(job, selectable)));
+    renderSelection();
+  }
+  $("jobs-table").hidden = list.length === 0;
+  const empty = $("jobs-empty");
+  let text = "";
+  if (listing.error) text = `Could not list the jobs: ${listing.error}`;
+  else if (!page) text = "Loading…";
+  else if (list.length === 0 && listing.search && page.next) {
+    text = `No ${listing.state} job matches “${listing.search}” among those looked at so far: Next → looks further.`;
+  } else if (list.length === 0 && listing.search) text = `No ${listing.state} job matches “${listing.search}”.`;
+  else if (list.length === 0) text = `No ${listing.state} jobs in ${state.queue}.`;
+  empty.hidden = !text;
+  empty.dataset.kind = listing.error ? "error" : "";
+  setText(empty, text);
+  let range = "";
+  if (page && list.length > 0) {
+    const pageNo = listing.stack.length + 1;
+    if (listing.search) range = `${fmtCount(list.length)} matching · page ${fmtCount(pageNo)}`;
+    else {
+      const from = listing.stack.length * JOBS_LIMIT + 1;
+      range = `${fmtCount(from)}–${fmtCount(from + list.length - 1)} of ${fmtCount(page.total)}`;
+    }
+  }
+  setText($("jobs-range"), range);
+}
+
+function payloadPreview(payload) {
+  let text;
+  try {
+    text = JSON.stringify(payload);
+  } catch {
+    text = String(payload);
+  }
+  if (text === undefined) text = String(payload);
+  return text.length > PREVIEW_LEN ? `${text.slice(0, PREVIEW_LEN)}…` : text;
+}
+
+function jobRow(job, selectable) {
+  const id = String(job.id);
+  const [, timeOf] = TIME_OF_STATE[listing.state];
+  const at = timeOf(job);
+  const known = typeof at === "number" && Number.isFinite(at);
+  const row = el("tr", { "data-testid": `job-row-${id}`, "data-job": id });
+  if (selectable) {
+    const box = el("input", {
+      type: "checkbox",
+      "data-testid": `select-${id}`,
+      "aria-label": `Select job ${id}`,
+      onchange: (e) => {
+        if (e.target.checked) listing.selected.add(id);
+        else listing.selected.delete(id);
+        renderSelection();
+      },
+    });
+    box.checked = listing.selected.has(id);
+    listing.rows.set(id, box);
+    row.append(el("td", { class: "select-col" }, box));
+  }
+  const preview = payloadPreview(job.payload);
+  row.append(
+    el(
+      "th",
+      { scope: "row", class: "mono", "data-field": "id" },
+      el("button", { type: "button", class: "link mono", text: id, title: "Look this job up", onclick: () => followJob(id) }),
+    ),
+    el("td", { class: "num", "data-field": "priority", text: fmtCount(job.priority) }),
+    el("td", { class: "num", "data-field": "attempts", text: `${fmtCount(job.attempts)} / ${fmtCount(job.max_attempts)}` }),
+    el("td", {
+      "data-field": "time",
+      text: known ? fmtTime(at) : "–",
+      title: known ? fmtDate(at) : listing.state === "processing" ? "held by a worker of another broker, or re-attached after a reconnect" : null,
+    }),
+    el("td", { "data-field": "payload" }, el("code", { class: "preview", text: preview, title: preview })),
+    el("td", { class: "error-text", "data-field": "last_error", text: job.last_error ?? "" }),
+  );
+  return row;
+}
+
+function renderSelection() {
+  const onPage = Array.from(listing.rows.keys());
+  const ticked = onPage.filter((id) => listing.selected.has(id)).length;
+  const all = $("jobs-select-all");
+  all.checked = onPage.length > 0 && ticked === onPage.length;
+  all.indeterminate = ticked > 0 && ticked < onPage.length;
+  all.disabled = onPage.length === 0;
+  for (const [id, box] of listing.rows) box.checked = listing.selected.has(id);
+  const cancel = $("jobs-cancel");
+  cancel.disabled = ticked === 0;
+  setText(cancel, ticked > 0 ? `Cancel selected (${fmtCount(ticked)})` : "Cancel selected");
+}
+
+function onSelectAll(event) {
+  const on = event.target.checked;
+  for (const id of listing.rows.keys()) {
+    if (on) listing.selected.add(id);
+    else listing.selected.delete(id);
+  }
+  renderSelection();
+}
+
+async function cancelSelected() {
+  const ids = Array.from(listing.rows.keys()).filter((id) => listing.selected.has(id));
+  if (ids.length === 0) return;
+  const what = ids.length === 1 ? `job ${ids[0]}` : `${fmtCount(ids.length)} jobs`;
+  if (!window.confirm(`Cancel ${what}? They are deleted for good.`)) return;
+  // In batches of the broker's max_batch (a page is 20: one batch, unless it is tiny).
+  const cancelled = [];
+  let failed = null;
+  for (let i = 0; i < ids.length && !failed; i += state.maxBatch) {
+    const reply = await request("cancel_batch", { ids: ids.slice(i, i + state.maxBatch) });
+    if (reply.ok) cancelled.push(...reply.cancelled);
+    else failed = reply.error;
+  }
+  const done = DONE.cancel_batch({ ids: ids.slice(0, cancelled.length) }, { cancelled });
+  if (failed) notice(`cancel_batch refused: ${failed.message || failed.code}${cancelled.length ? ` (${done})` : ""}`, "error");
+  else {
+    notice(done, "ok");
+    setText($("jobs-result"), done);
+    listing.selected.clear();
+  }
+  loadJobs();
+}
+
+async function redriveAll() {
+  const queue = state.queue;
+  if (!queue) return;
+  const q = state.last && state.last.queues ? state.last.queues[queue] : null;
+  const count = q && typeof q.dead === "number" ? `${fmtCount(q.dead)} ` : "";
+  const reply = await act("redrive_all", { queue }, `Redrive all ${count}dead jobs of ${queue}? Each is put back, ready now.`);
+  if (!reply) return;
+  if (reply.ok) setText($("jobs-result"), DONE.redrive_all({ queue }, reply));
+  loadJobs();
 }
 
 // A sparkline: completed as a soft area, enqueued, retried and dead as lines, on one scale.
@@ -1147,6 +1514,13 @@ const DONE = {
   redrive: (f, r) => (r.redriven ? `Redrove ${f.id}.` : `${f.id} was not dead any more.`),
   purge_dead: (f, r) => `Purged ${fmtCount(r.purged)} dead letters of ${f.queue}.`,
   cancel: (f, r) => (r.cancelled ? `Cancelled ${f.id}.` : `${f.id} no longer existed.`),
+  cancel_batch: (f, r) => {
+    const done = Array.isArray(r.cancelled) ? r.cancelled.filter(Boolean).length : 0;
+    const gone = f.ids.length - done;
+    const more = gone ? ` (${fmtCount(gone)} no longer existed)` : "";
+    return `Cancelled ${fmtCount(done)} ${done === 1 ? "job" : "jobs"}${more}.`;
+  },
+  redrive_all: (f, r) => `Redrove ${fmtCount(r.redriven)} dead ${r.redriven === 1 ? "job" : "jobs"} of ${f.queue}.`,
 };
 
 async function act(op, fields, confirmText) {
@@ -1163,6 +1537,15 @@ function start() {
   $("token-form").addEventListener("submit", onTokenSubmit);
   $("dead-queue").addEventListener("change", (e) => chooseDeadQueue(e.target.value || null, true));
   $("queue-detail-close").addEventListener("click", closeQueue);
+  for (const tab of $("jobs-tabs").querySelectorAll("button[data-state]")) {
+    tab.addEventListener("click", () => chooseJobState(tab.dataset.state));
+  }
+  $("jobs-search").addEventListener("input", onSearchInput);
+  $("jobs-prev").addEventListener("click", () => pageJobs(-1));
+  $("jobs-next").addEventListener("click", () => pageJobs(1));
+  $("jobs-select-all").addEventListener("change", onSelectAll);
+  $("jobs-cancel").addEventListener("click", cancelSelected);
+  $("jobs-redrive-all").addEventListener("click", redriveAll);
   $("worker-detail-close").addEventListener("click", closeWorker);
   $("dead-prev").addEventListener("click", () => pageDead(-1));
   $("dead-next").addEventListener("click", () => pageDead(1));

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
+
+from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.sdk import _wire as wire
 
 from .conftest import ClientFactory, with_config
+
+
+@pytest.fixture
+def scheduler() -> SteppedScheduler:
+    """The broker's clock, moved by the tests (the listing itself never needs it to)."""
+    return SteppedScheduler()
 
 
 async def test_a_page_holds_job_objects_a_cursor_and_the_total(client: ClientFactory) -> None:
@@ -51,3 +60,27 @@ async def test_cancel_batch_answers_each_id_and_is_bounded(client: ClientFactory
     assert (over["error"]["code"], over["error"]["field"]) == ("too_large", "ids")
     empty = await conn.request("cancel_batch", ids=[])
     assert (empty["error"]["code"], empty["error"]["field"]) == ("invalid_argument", "ids")
+
+
+async def test_a_processing_page_says_when_each_lease_was_taken(
+    client: ClientFactory, scheduler: SteppedScheduler
+) -> None:
+    # `claimed_at` is the claim's time, which a heartbeat does not move (the deadline
+    # does); a job held by no worker of this broker has none.
+    publisher, worker = await client(), await client()
+    job_id = (await publisher.call("enqueue", queue="q", payload=1, visibility_timeout_s=60))["id"]
+    await worker.call("subscribe", worker_id="w", queues=["q"], prefetch=1)
+    (pushed,) = await worker.jobs(1)
+    claimed = pushed["deadline"] - 60
+    (listed,) = (await publisher.call("list_jobs", queue="q", state="processing"))["jobs"]
+    assert listed["id"] == job_id
+    assert listed["claimed_at"] == claimed
+    scheduler.advance(10)
+    await worker.call("heartbeat", id=job_id, lease=pushed["lease"])
+    (again,) = (await publisher.call("list_jobs", queue="q", state="processing"))["jobs"]
+    assert again["claimed_at"] == listed["claimed_at"]
+    assert again["deadline"] == listed["deadline"] + 10
+    # The other states' job objects are get_job's, without it.
+    await publisher.call("enqueue", queue="q", payload=2)
+    (ready,) = (await publisher.call("list_jobs", queue="q", state="ready"))["jobs"]
+    assert "claimed_at" not in ready
