@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from itertools import groupby
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from ..sdk._wire import cancelled_push, jobs_push, pushed_job
@@ -53,6 +55,8 @@ from .scheduler import Handle, Scheduler
 __all__ = ["Dispatcher", "Held", "Subscription", "logged"]
 
 log = logging.getLogger("conveyor.dispatch")
+
+_queue_of = attrgetter("queue")
 
 # Split a worker's jobs frame once its payloads pass this many bytes, so that no frame
 # comes near a client's frame-size limit (1 MiB by default in most WebSocket clients).
@@ -156,7 +160,8 @@ class Dispatcher:
         self._orphans: dict[str, tuple[dict[str, str], Handle]] = {}
         self._pass_scheduled = False
         self.pushed = 0  # jobs pushed since start (for metrics)
-        self.push_latency: Callable[[list[float]], None] | None = None
+        # Told (queue, seconds each job of it waited from claimable to push) per push.
+        self.push_latency: Callable[[str, list[float]], None] | None = None
         # Told (queue, outcome, seconds from push to report) of each report that landed
         # for a job this broker pushed on a connection still holding it (the metrics).
         self.job_duration: Callable[[str, str, float], None] | None = None
@@ -575,7 +580,9 @@ class Dispatcher:
         observe = self.push_latency
         if observe is not None:
             now = self._scheduler.now()
-            observe([now - handle.ready_since for handle in handles])
+            # One call per run of consecutive jobs of one queue, not one per job.
+            for queue, run in groupby(handles, key=_queue_of):
+                observe(queue, [now - handle.ready_since for handle in run])
         if self.job_duration is not None:
             now = self._scheduler.now()
             pushed_at = self._pushed_at

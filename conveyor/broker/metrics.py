@@ -198,7 +198,8 @@ class _Buckets:
 
 
 class LatencyHistogram(Collector):
-    """``conveyor_push_latency_seconds``: observed once per pushed job, on the event loop.
+    """``conveyor_push_latency_seconds{queue}``: observed once per pushed job, on the event
+    loop.
 
     prometheus_client's ``Histogram`` takes a lock and bumps a shared value per bucket on
     every observation; at tens of thousands of pushes a second that was a tenth of the
@@ -207,23 +208,34 @@ class LatencyHistogram(Collector):
     """
 
     def __init__(self, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> None:
-        self._buckets = _Buckets(buckets)
+        self._bounds = buckets
+        self._by_queue: dict[str, _Buckets] = {}
 
-    def observe(self, seconds: float) -> None:
-        """Count one push ``seconds`` after its job became claimable (negatives count 0)."""
-        self._buckets.observe_many((seconds,))
+    def _of(self, queue: str) -> _Buckets:
+        buckets = self._by_queue.get(queue)
+        if buckets is None:
+            buckets = self._by_queue[queue] = _Buckets(self._bounds)
+        return buckets
 
-    def observe_many(self, seconds: Iterable[float]) -> None:
-        """``observe`` each of ``seconds`` (one call per pushed frame, not per job)."""
-        self._buckets.observe_many(seconds)
+    def observe(self, queue: str, seconds: float) -> None:
+        """Count one push of a ``queue`` job ``seconds`` after it became claimable
+        (negatives count 0)."""
+        self._of(queue).observe_many((seconds,))
+
+    def observe_many(self, queue: str, seconds: Iterable[float]) -> None:
+        """``observe`` each of ``seconds``, all of ``queue`` (one call per run of a
+        push's jobs of one queue, not per job)."""
+        self._of(queue).observe_many(seconds)
 
     def collect(self) -> Iterator[Metric]:
-        yield HistogramMetricFamily(
+        family = HistogramMetricFamily(
             "conveyor_push_latency_seconds",
             "Time from a job becoming claimable to its push to a worker.",
-            buckets=self._buckets.cumulative(),
-            sum_value=self._buckets.sum,
+            labels=["queue"],
         )
+        for queue, buckets in self._by_queue.items():
+            family.add_metric([queue], buckets.cumulative(), buckets.sum)
+        yield family
 
 
 class JobDurations(Collector):

@@ -206,10 +206,21 @@ async def running(worker: Worker, probe: Probe) -> AsyncIterator[asyncio.Task[No
 
 def free_port() -> int:
     """A port nothing listens on (bound and released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    (port,) = free_ports(1)
     return port
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different ports nothing listens on: all bound at once, then released (one
+    at a time, a port released could come back as the next)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # -- a TCP proxy that can cut connections ---------------------------------------------------

@@ -18,7 +18,7 @@ from conveyor.broker.server import Broker
 from conveyor.sdk import Client, ConnectionFailed, Forbidden, SyncClient, Unauthorized
 from conveyor.sdk._wire import Role
 
-from .conftest import WAIT, free_port, with_config
+from .conftest import WAIT, free_port, free_ports, with_config
 
 
 @contextlib.asynccontextmanager
@@ -83,7 +83,7 @@ async def test_fail_fast_reports_a_refused_connection_at_once() -> None:
 
 
 async def test_fail_fast_names_each_url_and_why() -> None:
-    first, second = (f"ws://127.0.0.1:{free_port()}/ws" for _ in range(2))
+    first, second = (f"ws://127.0.0.1:{port}/ws" for port in free_ports(2))
     with pytest.raises(ConnectionFailed) as caught:
         async with Client([first, second], connect_timeout=30, fail_fast=True):
             pass

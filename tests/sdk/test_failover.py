@@ -27,13 +27,19 @@ from conveyor.sdk import Client, ConnectionFailed, InvalidArgument, Job, SyncCli
 from conveyor.sdk._session import Session
 from conveyor.sdk._urls import connection_order, parse_urls
 
-from .conftest import BASE_CONFIG, ROOT, WAIT, Lines, Probe, Proxy, conveyor, free_port, running
+from .conftest import BASE_CONFIG, ROOT, WAIT, Lines, Probe, Proxy, conveyor, free_ports, running
 from .conftest import stop as stop_process
 
 
 def dead_url() -> str:
     """The URL of a port nothing listens on: connecting is refused at once."""
-    return f"ws://127.0.0.1:{free_port()}/ws"
+    (url,) = dead_urls(1)
+    return url
+
+
+def dead_urls(n: int) -> list[str]:
+    """``n`` different such URLs."""
+    return [f"ws://127.0.0.1:{port}/ws" for port in free_ports(n)]
 
 
 def port_of(url: str) -> int:
@@ -105,7 +111,7 @@ async def test_the_first_connection_logs_one_info_line_naming_its_url(
 
 
 async def test_a_client_that_reaches_no_broker_names_them_all() -> None:
-    urls = [dead_url(), dead_url()]
+    urls = dead_urls(2)
     with pytest.raises(ConnectionFailed) as caught:
         async with Client(urls, connect_timeout=0.5):
             pass
@@ -343,7 +349,7 @@ def test_the_cli_refuses_a_bad_url_in_the_list_naming_it(how: str) -> None:
 
 
 def test_the_cli_names_every_url_it_could_not_reach() -> None:
-    urls = [dead_url(), dead_url()]
+    urls = dead_urls(2)
     done = cli("stats", "--url", ",".join(urls), "--timeout", "0.5")
     assert done.returncode == 1
     assert "cannot reach any of the brokers: " in done.stderr

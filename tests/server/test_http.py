@@ -176,7 +176,7 @@ async def test_metrics_export_queue_gauges_counters_workers_and_push_latency(
 ) -> None:
     publisher = await client()
     before = await scrape(broker)
-    pushed_before = sample(before, "conveyor_push_latency_seconds_count")
+    assert ("conveyor_push_latency_seconds_count", frozenset({("queue", "m")})) not in before
     reply = await publisher.call(
         "enqueue_batch", queue="m", jobs=[{"payload": i} for i in range(5)]
     )
@@ -223,10 +223,11 @@ async def test_metrics_export_queue_gauges_counters_workers_and_push_latency(
     assert sample(samples, "conveyor_workers_connected") == 1
     assert sample(samples, "conveyor_connections") == 2
 
-    # Every push was timed: five jobs handed out, five more observations.
-    assert sample(samples, "conveyor_push_latency_seconds_count") == pushed_before + 5
-    assert sample(samples, "conveyor_push_latency_seconds_bucket", le="+Inf") == pushed_before + 5
-    assert 0 <= sample(samples, "conveyor_push_latency_seconds_sum") < 60
+    # Every push was timed, by its queue: five jobs handed out, five observations.
+    assert sample(samples, "conveyor_push_latency_seconds_count", queue="m") == 5
+    assert sample(samples, "conveyor_push_latency_seconds_bucket", queue="m", le="+Inf") == 5
+    assert 0 <= sample(samples, "conveyor_push_latency_seconds_sum", queue="m") < 60
+    assert ("conveyor_push_latency_seconds_count", frozenset({("queue", "exp")})) not in samples
 
     await worker.ws.close()
     # The worker's connection is gone once the broker has noticed (bounded wait).
@@ -242,14 +243,17 @@ async def test_metrics_export_queue_gauges_counters_workers_and_push_latency(
 def test_push_latency_histogram_buckets_are_cumulative_and_inclusive(many: bool) -> None:
     hist = LatencyHistogram(buckets=(0.001, 0.01))
     values = (-0.5, 0.0005, 0.001, 0.002, 0.01, 3.0)
-    if many:  # what the dispatcher calls, once per push
-        hist.observe_many(values[:2])
-        hist.observe_many(values[2:])
+    if many:  # what the dispatcher calls, once per push and queue
+        hist.observe_many("q", values[:2])
+        hist.observe_many("q", values[2:])
     else:
         for seconds in values:
-            hist.observe(seconds)
+            hist.observe("q", seconds)
+    hist.observe("other", 7.0)  # counted under its own queue only
     [family] = hist.collect()
-    got = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    got = {
+        (s.name, s.labels.get("le")): s.value for s in family.samples if s.labels["queue"] == "q"
+    }
     # "le" is inclusive: 0.001 counts in the 0.001 bucket; a negative time counts as 0.
     assert got[("conveyor_push_latency_seconds_bucket", "0.001")] == 3
     assert got[("conveyor_push_latency_seconds_bucket", "0.01")] == 5

@@ -239,16 +239,16 @@ def test_the_oldest_ready_age_is_now_minus_the_oldest_ready_time_and_0_for_none(
 def test_push_latency_buckets_reach_five_minutes_and_job_durations_are_labelled() -> None:
     table, _clock = make_table()
     metrics = Metrics(stats_of(table), workers=lambda: 0, connections=lambda: 0, max_age_s=0)
-    metrics.push_latency.observe_many([0.001, 45.0, 200.0, 1000.0])
+    metrics.push_latency.observe_many("q", [0.001, 45.0, 200.0, 1000.0])
     metrics.job_duration.observe("q", "ok", 0.2)
     metrics.job_duration.observe("q", "ok", 70.0)
     metrics.job_duration.observe("q", "dead", 3.0)
     got = samples(metrics.render())
     bucket = "conveyor_push_latency_seconds_bucket"
-    assert got[(bucket, frozenset({("le", "5.0")}))] == 1
-    assert got[(bucket, frozenset({("le", "60.0")}))] == 2
-    assert got[(bucket, frozenset({("le", "300.0")}))] == 3
-    assert got[(bucket, frozenset({("le", "+Inf")}))] == 4
+    assert got[(bucket, frozenset({("queue", "q"), ("le", "5.0")}))] == 1
+    assert got[(bucket, frozenset({("queue", "q"), ("le", "60.0")}))] == 2
+    assert got[(bucket, frozenset({("queue", "q"), ("le", "300.0")}))] == 3
+    assert got[(bucket, frozenset({("queue", "q"), ("le", "+Inf")}))] == 4
     ok = frozenset({("queue", "q"), ("outcome", "ok")})
     assert got[("conveyor_job_duration_seconds_count", ok)] == 2
     assert got[("conveyor_job_duration_seconds_sum", ok)] == 70.2
