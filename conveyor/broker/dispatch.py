@@ -164,8 +164,7 @@ class Dispatcher:
         self.push_latency: Callable[[str, list[float]], None] | None = None
         # Told (queue, outcome, seconds from push to report) of each report that landed
         # for a job this broker pushed on a connection still holding it (the metrics).
-        self.job_duration: Callable[[str, str, float], None] | None = None
-        self._pushed_at: dict[str, tuple[str, float]] = {}  # lease -> (queue, push time)
+        self.job_duration: Callable[[str, str, list[float]], None] | None = None
         # Push a full window in frames of half the prefetch (see _push).
         self.split_windows = True
         # Jobs handed out in the pass running now, pushed at its end (see _handed).
@@ -222,7 +221,6 @@ class Dispatcher:
             if previous is not None and previous[0] is not sub:
                 # The old connection is not known dead yet; it loses the job (and the slot).
                 previous[0].in_flight.pop(previous[1], None)
-                self._pushed_at.pop(previous[1], None)
             sub.in_flight[lease] = Held(job_id, None, None, now, reattached=True)
             self._lease_owners[lease] = sub
             self._holders[job_id] = (sub, lease)
@@ -274,7 +272,6 @@ class Dispatcher:
         held = {}
         for lease, job in sub.in_flight.items():
             job_id = job.id
-            self._pushed_at.pop(lease, None)  # (a report after a reconnect is not timed)
             if self._holders.get(job_id) == (sub, lease):
                 del self._holders[job_id]
             if self._lease_owners.get(lease) is sub:
@@ -324,12 +321,9 @@ class Dispatcher:
         ``sub`` is the reporting connection's subscription, if any. Reports are accepted
         on any connection (the lease is the credential), so a report of the current lease
         made elsewhere frees the holder's slot. ``outcome`` (``ok``, ``retry``, ``dead``)
-        when the report landed: its time since the push goes to ``job_duration``.
+        when the report landed: its time since the claim goes to ``job_duration``.
         """
-        self._timed(lease, outcome)
-        freed = self._free(sub, job_id, lease)
-        if freed is not None:
-            self._set_hungry(freed)
+        self.finished_many(sub, [(job_id, lease)], outcome, (outcome is not None,))
 
     def finished_many(
         self,
@@ -342,20 +336,35 @@ class Dispatcher:
         (``outcome`` for each whose ``landed`` is true); each subscription that got slots
         back is offered jobs once."""
         pairs = list(pairs)
-        if self._pushed_at:
-            for i, (_, lease) in enumerate(pairs):
-                self._timed(lease, outcome if i < len(landed) and landed[i] else None)
+        observe = self.job_duration
+        if observe is not None and outcome is not None and any(landed):
+            self._time(pairs, landed, outcome, observe)
         freed = {self._free(sub, job_id, lease): None for job_id, lease in pairs}
         for each in freed:
             if each is not None:
                 self._set_hungry(each)
 
-    def _timed(self, lease: str, outcome: str | None) -> None:
-        """Forget the lease's push time; tell ``job_duration`` if the report landed."""
-        entry = self._pushed_at.pop(lease, None)
-        observe = self.job_duration
-        if entry is not None and outcome is not None and observe is not None:
-            observe(entry[0], outcome, self._scheduler.now() - entry[1])
+    def _time(
+        self,
+        pairs: list[tuple[str, str]],
+        landed: Sequence[bool],
+        outcome: str,
+        observe: Callable[[str, str, list[float]], None],
+    ) -> None:
+        """Tell ``observe`` how long each job whose report landed ran since its claim,
+        by queue, one clock read and one call per queue for the whole answer. Jobs whose
+        lease was re-attached after a reconnect are not timed (their claim is unknown),
+        nor those this broker did not hand out."""
+        now = self._scheduler.now()
+        owners = self._lease_owners
+        spans: dict[str, list[float]] = {}
+        for (job_id, lease), ok in zip(pairs, landed, strict=False):
+            owner = owners.get(lease) if ok else None
+            held = None if owner is None else owner.in_flight.get(lease)
+            if held is not None and held.id == job_id and held.queue is not None:
+                spans.setdefault(held.queue, []).append(now - held.since)
+        for queue, seconds in spans.items():
+            observe(queue, outcome, seconds)
 
     def _free(self, sub: Subscription | None, job_id: str, lease: str) -> Subscription | None:
         """Free the slot the lease took; returns whose it was (``None``: nobody's).
@@ -583,11 +592,6 @@ class Dispatcher:
             # One call per run of consecutive jobs of one queue, not one per job.
             for queue, run in groupby(handles, key=_queue_of):
                 observe(queue, [now - handle.ready_since for handle in run])
-        if self.job_duration is not None:
-            now = self._scheduler.now()
-            pushed_at = self._pushed_at
-            for handle in handles:
-                pushed_at[handle.lease] = (handle.queue, now)
         per_frame = max(1, (sub.prefetch + 1) // 2) if self.split_windows else sub.prefetch
         frame: list[dict[str, Any]] = []
         size = 0

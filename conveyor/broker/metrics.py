@@ -239,20 +239,22 @@ class LatencyHistogram(Collector):
 
 
 class JobDurations(Collector):
-    """``conveyor_job_duration_seconds{queue,outcome}``: from a job's push to the report
-    that landed for it (``ok`` an ack, ``retry``, ``dead`` a fail), as the broker sees
-    it: one bisect and one list slot per job, summed at a scrape, as ``LatencyHistogram``.
+    """``conveyor_job_duration_seconds{queue,outcome}``: from a job's claim (its push
+    follows at once) to the report that landed for it (``ok`` an ack, ``retry``, ``dead``
+    a fail), as the broker sees it: one bisect and one list slot per job, summed at a
+    scrape, as ``LatencyHistogram``; the dispatcher calls once per answer and queue.
     """
 
     def __init__(self, buckets: tuple[float, ...] = _DURATION_BUCKETS) -> None:
         self._bounds = buckets
         self._by_label: dict[tuple[str, str], _Buckets] = {}
 
-    def observe(self, queue: str, outcome: str, seconds: float) -> None:
+    def observe(self, queue: str, outcome: str, seconds: Iterable[float]) -> None:
+        """Count each of ``seconds``: jobs of ``queue`` that ended with ``outcome``."""
         buckets = self._by_label.get((queue, outcome))
         if buckets is None:
             buckets = self._by_label[(queue, outcome)] = _Buckets(self._bounds)
-        buckets.observe_many((seconds,))
+        buckets.observe_many(seconds)
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(

@@ -240,9 +240,9 @@ def test_push_latency_buckets_reach_five_minutes_and_job_durations_are_labelled(
     table, _clock = make_table()
     metrics = Metrics(stats_of(table), workers=lambda: 0, connections=lambda: 0, max_age_s=0)
     metrics.push_latency.observe_many("q", [0.001, 45.0, 200.0, 1000.0])
-    metrics.job_duration.observe("q", "ok", 0.2)
-    metrics.job_duration.observe("q", "ok", 70.0)
-    metrics.job_duration.observe("q", "dead", 3.0)
+    metrics.job_duration.observe("q", "ok", [0.2])
+    metrics.job_duration.observe("q", "ok", [70.0])
+    metrics.job_duration.observe("q", "dead", [3.0])
     got = samples(metrics.render())
     bucket = "conveyor_push_latency_seconds_bucket"
     assert got[(bucket, frozenset({("queue", "q"), ("le", "5.0")}))] == 1
