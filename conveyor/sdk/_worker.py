@@ -102,6 +102,13 @@ def check_timeout(value: Any, field: str = "timeout_s") -> float:
     return float(value)
 
 
+def check_prefetch(value: Any) -> int:
+    """``value`` as a prefetch: an int >= 1 (never a bool), else ``InvalidArgument``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"prefetch: must be an int >= 1, got {value!r}", field="prefetch")
+    return value
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -140,10 +147,7 @@ class Worker:
         shuffle_urls: bool = True,
         timeouts: Mapping[str, float] | None = None,
     ) -> None:
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
-            raise InvalidArgument(
-                f"prefetch: must be an int >= 1, got {prefetch!r}", field="prefetch"
-            )
+        check_prefetch(prefetch)
         # The brokers to connect to: read by run(), so `conveyor worker --url` can set them.
         self.urls = parse_urls(url)
         self.shuffle_urls = shuffle_urls
@@ -269,14 +273,7 @@ class Worker:
                 f"queues: no handler for {missing or 'any queue'}; use @worker.handler(queue)",
                 field="queues",
             )
-        if (
-            isinstance(self.prefetch, bool)
-            or not isinstance(self.prefetch, int)
-            or self.prefetch < 1
-        ):
-            raise InvalidArgument(
-                f"prefetch: must be an int >= 1, got {self.prefetch!r}", field="prefetch"
-            )
+        check_prefetch(self.prefetch)  # (again: `conveyor worker --prefetch` sets it after)
         self._limits = {
             queue: limit
             for queue in self.queues
