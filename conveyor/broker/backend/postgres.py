@@ -92,6 +92,7 @@ from ..engine import (
     QueueTotals,
     SweepResult,
     check_list_key,
+    lease_number,
 )
 from ..engine import _guards as guard
 from ..scheduler import Handle, Scheduler
@@ -1993,13 +1994,8 @@ def _list_key(state: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
     if state == "scheduled":
         return (row[11], row[0])
     if state == "processing":
-        return (_lease_number(row[_LISTED_LEASE]),)
+        return (lease_number(row[_LISTED_LEASE]),)
     return (row[16], row[0])  # died_at, seq
-
-
-def _lease_number(lease: str | None) -> int:
-    """The count a lease was issued under: the hex digits after its last ``L``."""
-    return int((lease or "L0").rsplit("L", 1)[1], 16)
 
 
 def _opts(row: tuple[Any, ...]) -> QueueOpts:

@@ -26,6 +26,7 @@ from ._table import (
     JobTable,
     Queue,
     check_list_key,
+    lease_number,
 )
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
 
@@ -52,4 +53,5 @@ __all__ = [
     "SweepResult",
     "check_list_key",
     "check_queue_name",
+    "lease_number",
 ]

@@ -45,7 +45,15 @@ from ._errors import InvalidArgument
 from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
 from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
 
-__all__ = ["LIST_STATES", "SEARCH_SCAN", "JobHandle", "JobTable", "Queue", "check_list_key"]
+__all__ = [
+    "LIST_STATES",
+    "SEARCH_SCAN",
+    "JobHandle",
+    "JobTable",
+    "Queue",
+    "check_list_key",
+    "lease_number",
+]
 
 PENDING = JobState.PENDING
 PROCESSING = JobState.PROCESSING
@@ -883,7 +891,7 @@ class Queue:
             self._ages.append((row.ready_at, row.seq, row))
         self._ages.rebuild()
         self._by_due = Ranked(self._scheduled.entries())
-        self._claims.extend((_lease_number(e[-1].lease), e[-1]) for e in self._leases.entries())
+        self._claims.extend((lease_number(e[-1].lease), e[-1]) for e in self._leases.entries())
         self._by_death = Ranked((row.died_at, row.seq, row) for row in self._dead.values())
 
     def purge_dead(self) -> int:
@@ -1129,8 +1137,9 @@ def _lane_entries(rows: list[_Row], start: int) -> Iterator[tuple[Any, ...]]:
             yield (-row.priority, row.ready_at, row.seq, row)
 
 
-def _lease_number(lease: str | None) -> int:
-    """The count a lease was issued under: the hex digits after its last ``L``."""
+def lease_number(lease: str | None) -> int:
+    """The count a lease was issued under (JOB-2: ``<prefix>L<count in hex>``): the hex
+    digits after its last ``L``; 0 for none or a malformed one."""
     try:
         return int((lease or "").rsplit("L", 1)[1], 16)
     except (IndexError, ValueError):
