@@ -108,7 +108,8 @@ def connection_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _problem(text: str) -> None:
+def say(text: str) -> None:
+    """Say what went wrong on stderr, in one line, as every command does."""
     print(f"conveyor: {text}", file=sys.stderr)
 
 
@@ -133,17 +134,17 @@ def run_client(args: argparse.Namespace, action: Action) -> int:
         hint = ""
         if "connection refused" in exc.message:
             hint = "; is it running?" if len(args.url) == 1 else "; is one running?"
-        _problem(f"{exc.message}{hint}")
+        say(f"{exc.message}{hint}")
         return EXIT_FAILED
     except ConveyorError as exc:
-        _problem(f"{exc.code}: {exc.message}")
+        say(f"{exc.code}: {exc.message}")
         return EXIT_FAILED
     if args.json:
-        print(encode(outcome.data).decode())
+        print(_json(outcome.data))
     elif outcome.text is not None:
         print(outcome.text)
     for problem in outcome.problems:
-        _problem(problem)
+        say(problem)
     return EXIT_FAILED if outcome.failed else 0
 
 
@@ -208,13 +209,8 @@ def _attempts(job: JobInfo) -> str:
 def show_jobs(jobs: Sequence[JobInfo], state: str, now: float) -> str:
     """A table of ``jobs`` of one ``state``, with the columns that state has."""
     head = [Column("ID"), Column("PRIORITY", right=True), Column("ATTEMPTS", right=True)]
-    if state == "ready":
-        extra = [Column("READY SINCE"), Column("ENQUEUED")]
-        cells = [
-            [when(j.ready_at, now, short=True), when(j.enqueued_at, now, short=True)] for j in jobs
-        ]
-    elif state == "scheduled":
-        extra = [Column("RUNS AT"), Column("ENQUEUED")]
+    if state in ("ready", "scheduled"):
+        extra = [Column("READY SINCE" if state == "ready" else "RUNS AT"), Column("ENQUEUED")]
         cells = [
             [when(j.ready_at, now, short=True), when(j.enqueued_at, now, short=True)] for j in jobs
         ]
@@ -275,7 +271,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 async def _enqueue(client: Client, args: argparse.Namespace, now: float) -> Outcome:
     job_id = await client.enqueue(args.queue, args.payload_value, **_options(args))
     text = f"enqueued {job_id} on {args.queue}"
-    runs_at = args.run_at if args.run_at is not None else None
+    runs_at = args.run_at
     if args.delay_s is not None:
         runs_at = now + args.delay_s
     if runs_at is not None and runs_at > now:
@@ -453,7 +449,7 @@ def _enqueue_run(args: argparse.Namespace) -> int:
     try:
         args.payload_value = decode_value(args.payload)
     except WireError as exc:
-        _problem(f"the payload is not valid JSON: {exc}")
+        say(f"the payload is not valid JSON: {exc}")
         return EXIT_USAGE
     return run_client(args, _enqueue)
 

@@ -25,6 +25,7 @@ import os
 import sys
 from typing import Any
 
+from ._cli_admin import say
 from ._errors import ConveyorError
 from ._loop import LOOP_HELP, LOOPS, UVLOOP_MISSING, loop_factory, loop_problem
 from ._worker import Worker
@@ -80,7 +81,7 @@ def _worker(args: argparse.Namespace) -> int:
     choice = args.loop or os.environ.get("CONVEYOR_LOOP") or "auto"
     problem = loop_problem(choice)
     if problem is not None:
-        print(f"conveyor: {problem}", file=sys.stderr)
+        say(problem)
         return 2
     try:
         factory = loop_factory(choice)
@@ -97,10 +98,9 @@ def _worker(args: argparse.Namespace) -> int:
         missing = [queue for queue in args.queues if queue not in worker.handlers]
         if missing:
             names = ", ".join(repr(queue) for queue in missing)
-            print(
-                f"conveyor: --queues: no handler for {names} in {args.target} "
-                f"(it handles {', '.join(worker.handlers) or 'none'})",
-                file=sys.stderr,
+            say(
+                f"--queues: no handler for {names} in {args.target} "
+                f"(it handles {', '.join(worker.handlers) or 'none'})"
             )
             return 2
         worker.queues = list(args.queues)
@@ -110,7 +110,7 @@ def _worker(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=factory) as runner:
             runner.run(worker.run())
     except ConveyorError as exc:
-        print(f"conveyor: {exc.code}: {exc.message}", file=sys.stderr)
+        say(f"{exc.code}: {exc.message}")
         return 1
     return 0
 
