@@ -132,7 +132,7 @@ def run_client(args: argparse.Namespace, action: Action) -> int:
         outcome = asyncio.run(main())
     except ConnectionFailed as exc:
         hint = ""
-        if "connection refused" in exc.message:
+        if exc.refused:
             hint = "; is it running?" if len(args.url) == 1 else "; is one running?"
         say(f"{exc.message}{hint}")
         return EXIT_FAILED

@@ -109,9 +109,13 @@ class Unavailable(ConveyorError):
 
 
 class ConnectionFailed(ConveyorError):
-    """The broker could not be reached (or reached again) within the client's timeout."""
+    """The broker could not be reached (or reached again) within the client's timeout.
+
+    ``refused``: a ``fail_fast`` client's try of some URL was refused (nothing listens
+    there: is the broker running?)."""
 
     code = "connection_failed"
+    refused = False
 
 
 _BY_CODE: dict[str, type[ConveyorError]] = {

@@ -523,7 +523,8 @@ class Session:
         # waits out a backoff, longer for each round.
         failed = 0
         outage_since: float | None = None
-        reasons: list[str] = []  # why each try failed, for fail_fast's message
+        # Why each try failed, and whether it was refused, for fail_fast's error.
+        reasons: list[tuple[str, bool]] = []
         while not self._closing:
             url = order[at]
             at = (at + 1) % len(order)  # the next try goes to the next URL, whatever happens
@@ -540,12 +541,14 @@ class Session:
                     raise refused from None
                 ws = None
                 why = f"HTTP {exc.response.status_code} to the WebSocket handshake"
+                nobody = False
             except (OSError, InvalidHandshake, TimeoutError) as exc:
                 ws = None
                 why = self._why(exc)
+                nobody = isinstance(exc, ConnectionRefusedError)  # nothing listens
             if ws is None:
                 if self.fail_fast and not self._connections:
-                    reasons.append(f"{url}: {why}")
+                    reasons.append((f"{url}: {why}", nobody))
                     if len(reasons) == len(order):  # each URL tried once: give up
                         self._give_up(reasons)
                 if outage_since is None:
@@ -575,7 +578,7 @@ class Session:
                 self._fail_unresent()
             if not self._closing:
                 if self.fail_fast and not self._connections:
-                    reasons.append(f"{url}: the connection closed before it was ready")
+                    reasons.append((f"{url}: the connection closed before it was ready", False))
                     if len(reasons) == len(order):
                         self._give_up(reasons)
                 if outage_since is None:
@@ -599,14 +602,16 @@ class Session:
             return exc.strerror or str(exc) or type(exc).__name__
         return f"the WebSocket handshake failed ({exc})"
 
-    def _give_up(self, reasons: list[str]) -> NoReturn:
+    def _give_up(self, reasons: list[tuple[str, bool]]) -> NoReturn:
         """End ``run()`` for ``fail_fast``: every URL was tried once, and none could be
         reached. Every request waiting fails with the same ``ConnectionFailed``."""
-        if len(reasons) == 1:
-            message = f"cannot reach the broker at {reasons[0]}"
+        texts = [text for text, _ in reasons]
+        if len(texts) == 1:
+            message = f"cannot reach the broker at {texts[0]}"
         else:
-            message = "cannot reach any of the brokers: " + "; ".join(reasons)
+            message = "cannot reach any of the brokers: " + "; ".join(texts)
         failure = ConnectionFailed(message)
+        failure.refused = any(refused for _, refused in reasons)
         self._fail_all(failure)
         raise failure
 
