@@ -10,6 +10,7 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -464,6 +465,16 @@ class SyncClient:
         if self._portal is None:
             raise RuntimeError("use SyncClient inside `with SyncClient(...) as client:`")
         return self._portal.call(functools.partial(method, *args, **kwargs))
+
+    def _enqueue_soon(self, queue: str, payload: Any, **options: Any) -> Future[str]:
+        """``Client.enqueue`` started on this client's loop, not waited for: its future,
+        for a caller on another event loop (``asyncio.wrap_future`` awaits it there).
+        Raises ``RuntimeError`` once the client is closed."""
+        if self._portal is None:
+            raise RuntimeError("use SyncClient inside `with SyncClient(...) as client:`")
+        return self._portal.start_task_soon(
+            functools.partial(self._c.enqueue, queue, payload, **options)
+        )
 
     @property
     def _c(self) -> Client:

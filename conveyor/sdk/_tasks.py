@@ -204,10 +204,10 @@ class TaskCall(Generic[P]):
         shared = self.task.worker._publisher
         if shared is None:  # connected in a thread: this event loop goes on meanwhile
             shared = await asyncio.to_thread(_shared, self.task.worker)
-        portal = shared._portal
-        if portal is None:  # (closed meanwhile)
-            raise RuntimeError("the tasks' client is closed")
-        future = portal.start_task_soon(_enqueue_on, shared, self.task.queue, payload, self.opts)
+        try:
+            future = shared._enqueue_soon(self.task.queue, payload, **self.opts)
+        except RuntimeError:  # (closed meanwhile)
+            raise RuntimeError("the tasks' client is closed") from None
         return await asyncio.wrap_future(future)
 
     def enqueue_sync(self, *args: P.args, **kwargs: P.kwargs) -> str:
@@ -219,11 +219,6 @@ class TaskCall(Generic[P]):
         if client is None:
             client = _shared(self.task.worker)
         return client.enqueue(self.task.queue, payload, **self.opts)
-
-
-async def _enqueue_on(client: SyncClient, queue: str, payload: Any, opts: dict[str, Any]) -> str:
-    """On the shared client's own loop: its ``Client``'s enqueue."""
-    return await client._c.enqueue(queue, payload, **opts)
 
 
 _lock = threading.Lock()
