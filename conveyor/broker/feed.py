@@ -517,7 +517,7 @@ class Feed:
             "total": 0,
             "jobs": [],
         }
-        stats = (await self.backend.stats([name])).get(name)
+        stats = self.latest.get(name)  # (this tick's, as the snapshot's queues)
         if stats is None:
             return page
         page["total"] = stats.dead

@@ -393,7 +393,7 @@ class LocalBackend:
             return Ready(None)
         q = self.table.queue(queue)
         jobs, next_key = q.list_jobs(state, after, limit, search)
-        return Ready(JobList(jobs, next_key, _count(q.stats(), state)))
+        return Ready(JobList(jobs, next_key, q.stats().count(state)))
 
     def redrive_all(self, queue: str) -> Pending[int | None]:
         self._check()
@@ -474,17 +474,6 @@ class LocalBackend:
 
 def _nothing() -> None:
     pass
-
-
-def _count(stats: QueueStats, state: str) -> int:
-    """The count of ``state`` (a ``LIST_STATES`` name) in ``stats``."""
-    counts = {
-        "ready": stats.ready,
-        "scheduled": stats.scheduled,
-        "processing": stats.processing,
-        "dead": stats.dead,
-    }
-    return counts[state]
 
 
 def _is_a_backend(backend: LocalBackend) -> Backend:

@@ -1878,12 +1878,7 @@ class PostgresBackend:
         counts = stats.get(queue)
         if counts is None:
             return None
-        total = {
-            "ready": counts.ready,
-            "scheduled": counts.scheduled,
-            "processing": counts.processing,
-            "dead": counts.dead,
-        }[state]
+        total = counts.count(state)
         if search is None:
             more = len(rows) > limit
             page = rows[:limit]

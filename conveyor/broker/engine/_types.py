@@ -139,6 +139,16 @@ class QueueStats:
     def pending(self) -> int:
         return self.ready + self.scheduled
 
+    def count(self, state: str) -> int:
+        """How many of the queue's jobs are in ``state``: ``ready``, ``scheduled``,
+        ``processing`` or ``dead`` (JOB-5). Raises ``KeyError`` for another name."""
+        return {
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "processing": self.processing,
+            "dead": self.dead,
+        }[state]
+
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
