@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from conveyor.broker.engine import JobTable, QueueOpts
+from conveyor.broker.engine import JobTable, Limits, QueueOpts
 from conveyor.broker.store import SqliteStore, StoreError
 from conveyor.broker.store import sqlite as sqlite_store
 
@@ -293,7 +293,7 @@ def test_a_version_1_database_is_upgraded_and_keeps_its_claimed_rows(tmp_path: P
     store, table = _open(path, clock)
     try:
         assert store._db is not None
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == 4
         first, second = table.get_job("old1"), table.get_job("old2")
         assert first is not None and first.state == "pending"
         assert second is not None and (second.state, second.worker_id, second.attempts) == (
@@ -302,6 +302,8 @@ def test_a_version_1_database_is_upgraded_and_keeps_its_claimed_rows(tmp_path: P
             1,
         )
         assert first.timeout_s is None  # schema 3's column, NULL for the jobs before it
+        assert first.partition is None  # schema 4's, the same
+        assert table.queue("q1").limits == Limits()  # and a queue's limits: none
         assert table.ack("old2", "oldL1")  # the lease stored by schema 1 still holds
         store.write(table.take_changes())
     finally:

@@ -21,6 +21,7 @@ from ..store import StoreError, open_store
 from ._base import (
     Backend,
     BackendError,
+    BackOff,
     Claim,
     Claimed,
     Enqueue,
@@ -36,6 +37,7 @@ from ._base import (
 from .local import LocalBackend
 
 __all__ = [
+    "BackOff",
     "Backend",
     "BackendError",
     "Claim",

@@ -43,13 +43,14 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ..egress import Gate
-from ..engine import InvalidArgument, Job, NewJob, QueueOpts, QueueStats, SweepResult
+from ..engine import InvalidArgument, Job, Limits, NewJob, QueueOpts, QueueStats, SweepResult
 from ..store import StoreError
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 __all__ = [
+    "BackOff",
     "Backend",
     "BackendError",
     "Claim",
@@ -216,6 +217,7 @@ class Enqueue(NamedTuple):
     backoff_base_s: float | None = None
     key: str | None = None
     timeout_s: float | None = None
+    partition: str | None = None
 
 
 class Claim(NamedTuple):
@@ -274,6 +276,20 @@ class Report:
     retry: bool
     error: str | None = None
     delay_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BackOff:
+    """A worker's "rate limited, try later" on one lease (FLW-6): the job goes back to
+    ready without using an attempt, and nothing more of ``partition`` (the job's own when
+    ``None``; the whole queue when ``whole_queue`` or the job has none) is handed out for
+    ``delay_s`` seconds."""
+
+    id: str
+    lease: str
+    delay_s: float
+    partition: str | None = None
+    whole_queue: bool = False
 
 
 class Listener(Protocol):
@@ -343,6 +359,11 @@ class Backend(Protocol):
         why the report was refused (a bad ``delay_s`` or ``error``, HND-3)."""
         ...
 
+    def back_off(self, items: Sequence[BackOff]) -> Pending[list[bool | InvalidArgument]]:
+        """Each ``BackOff`` (FLW-6): whether its lease was valid (``False``: nothing
+        changed), or the ``InvalidArgument`` its bad delay or partition raised."""
+        ...
+
     def heartbeat(self, leases: Sequence[tuple[str, str]]) -> Pending[list[bool]]:
         """Extend each valid lease to now plus its job's visibility timeout (HND-8)."""
         ...
@@ -382,6 +403,12 @@ class Backend(Protocol):
     def set_queue(self, name: str, opts: QueueOpts | None = None) -> Pending[None]:
         """Make queue ``name`` if it does not exist; with ``opts``, give it those
         (ENQ-3). Raises ``InvalidArgument`` for a bad name or bad options."""
+        ...
+
+    def set_limits(self, name: str, limits: Limits) -> Pending[None]:
+        """Give queue ``name`` (made if it does not exist) these flow-control limits in
+        place of its old ones, from its next claim on (FLW-1, FLW-5); durable backends
+        keep them. Raises ``InvalidArgument`` naming the field of a bad limit."""
         ...
 
     def queues(self) -> Pending[list[str]]:

@@ -28,6 +28,7 @@ from ..engine import (
     InvalidArgument,
     Job,
     JobHandle,
+    Limits,
     NewJob,
     QueueOpts,
     QueueStats,
@@ -38,6 +39,7 @@ from ..store import Store, StoreError
 from ._base import (
     REDRIVE_CHUNK,
     Backend,
+    BackOff,
     Claim,
     Claimed,
     Enqueue,
@@ -125,6 +127,9 @@ class LocalBackend:
         if not self._rearm_soon:
             self._rearm_soon = True
             self._scheduler.call_soon(self._rearm)
+        freed = self.table.take_freed()
+        if freed:  # a slot of a limited queue came free: its waiting workers may claim
+            self._listeners.work_waiting(frozenset(freed))
 
     def _fail(self, exc: StoreError) -> None:
         self.failed = exc
@@ -261,6 +266,28 @@ class LocalBackend:
         self._listeners.work_waiting(frozenset(requeued))
         return Ready(results)
 
+    def back_off(self, items: Sequence[BackOff]) -> Ready[list[bool | InvalidArgument]]:
+        self._check()
+        table = self.table
+        results: list[bool | InvalidArgument] = []
+        touched: set[str] = set()
+        for item in items:
+            try:
+                landed = table.back_off(
+                    item.id, item.lease, item.delay_s, item.partition, item.whole_queue
+                )
+            except InvalidArgument as exc:
+                results.append(exc)
+                continue
+            results.append(landed)
+            name = table.queue_of(item.id) if landed else None
+            if name is not None:
+                touched.add(name)
+        self._changed()
+        if touched:  # the job is ready again (another key's may be claimable now)
+            self._listeners.work_waiting(frozenset(touched))
+        return Ready(results)
+
     def heartbeat(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
         self._check()
         table = self.table
@@ -327,6 +354,12 @@ class LocalBackend:
     def set_queue(self, name: str, opts: QueueOpts | None = None) -> Ready[None]:
         self._check()
         self.table.queue(name, opts)
+        self._changed()
+        return Ready(None)
+
+    def set_limits(self, name: str, limits: Limits) -> Ready[None]:
+        self._check()
+        self.table.queue(name).set_limits(limits)
         self._changed()
         return Ready(None)
 

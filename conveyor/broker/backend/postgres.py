@@ -86,6 +86,7 @@ from ..engine import (
     Job,
     JobState,
     JobTable,
+    Limits,
     NewJob,
     QueueOpts,
     QueueStats,
@@ -97,7 +98,17 @@ from ..engine import (
 from ..engine import _guards as guard
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
-from ._base import REDRIVE_CHUNK, Backend, Claim, Claimed, Enqueue, JobList, Listener, Report
+from ._base import (
+    REDRIVE_CHUNK,
+    Backend,
+    BackOff,
+    Claim,
+    Claimed,
+    Enqueue,
+    JobList,
+    Listener,
+    Report,
+)
 from ._listeners import Listeners
 from ._pg_conn import Conn, Unavailable, close_quietly, connect, unavailable, why
 from ._pg_schema import migrate
@@ -1137,6 +1148,25 @@ class PostgresBackend:
     def stats(self, queues: Sequence[str] | None = None) -> asyncio.Task[dict[str, QueueStats]]:
         return self._spawn(self._stats(queues))
 
+    def set_limits(self, name: str, limits: Limits) -> asyncio.Task[None]:
+        return self._spawn(self._set_limits(name, limits))
+
+    def back_off(self, items: Sequence[BackOff]) -> asyncio.Task[list[bool | InvalidArgument]]:
+        return self._spawn(self._back_off(items))
+
+    async def _set_limits(self, name: str, limits: Limits) -> None:
+        guard.check_limits(limits)
+        if limits.any:
+            raise InvalidArgument(
+                "limits", "flow control is not available with the postgres backend yet"
+            )
+
+    async def _back_off(self, items: Sequence[BackOff]) -> list[bool | InvalidArgument]:
+        return [
+            InvalidArgument("id", "back off is not available with the postgres backend yet")
+            for _ in items
+        ]
+
     def sweep(self) -> asyncio.Task[SweepResult]:
         return self._spawn(self._sweep())
 
@@ -1181,7 +1211,7 @@ class PostgresBackend:
             }  # fmt: skip
             for index in todo:
                 name, resolved, cap = jobs[index]
-                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit = (
+                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit, _ = (
                     resolved
                 )
                 if delay_s is not None:  # ENQ-5

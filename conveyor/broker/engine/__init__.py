@@ -28,10 +28,22 @@ from ._table import (
     check_list_key,
     lease_number,
 )
-from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, RawJSON, SweepResult
+from ._types import (
+    LIMIT_FIELDS,
+    Job,
+    JobState,
+    Limits,
+    NewJob,
+    QueueOpts,
+    QueueStats,
+    QueueTotals,
+    RawJSON,
+    SweepResult,
+)
 
 __all__ = [
     "CLAIM_FIELDS",
+    "LIMIT_FIELDS",
     "LIST_STATES",
     "QUEUE_FIELDS",
     "ROW_FIELDS",
@@ -43,6 +55,7 @@ __all__ = [
     "JobHandle",
     "JobState",
     "JobTable",
+    "Limits",
     "NewJob",
     "PayloadTooLarge",
     "Queue",

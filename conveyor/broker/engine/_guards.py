@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ._errors import InvalidArgument, PayloadTooLarge
-from ._types import QueueOpts, RawJSON
+from ._types import Limits, QueueOpts, RawJSON
 
 __all__ = [
     "MAX_ATTEMPTS_MAX",
@@ -22,6 +22,7 @@ __all__ = [
     "MAX_WORKER_ID_LEN",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "check_limits",
     "check_opts",
     "encode_payload",
     "error_text",
@@ -150,16 +151,16 @@ def worker_id(value: object) -> str:
     return _unicode("worker_id", value)
 
 
-def key(value: object) -> str | None:
+def key(value: object, field: str = "key") -> str | None:
     """``None``, or a string of at most ``MAX_KEY_LEN`` characters; ``""`` means no key
-    (LIM-1)."""
+    (LIM-1; FLW-3 for a partition key, ``field="partition"``)."""
     if value is None:
         return None
     if not isinstance(value, str):
-        raise InvalidArgument("key", f"must be a string or null, got {type(value).__name__}")
+        raise InvalidArgument(field, f"must be a string or null, got {type(value).__name__}")
     if len(value) > MAX_KEY_LEN:
-        raise InvalidArgument("key", f"must be at most {MAX_KEY_LEN} characters, got {len(value)}")
-    return _unicode("key", value) if value else None
+        raise InvalidArgument(field, f"must be at most {MAX_KEY_LEN} characters, got {len(value)}")
+    return _unicode(field, value) if value else None
 
 
 def error_text(field: str, value: object) -> str | None:
@@ -193,6 +194,30 @@ def check_opts(opts: object) -> QueueOpts:
         dead_letter_retention_s=optional(
             nonneg, "dead_letter_retention_s", opts.dead_letter_retention_s
         ),
+    )
+
+
+def check_limits(limits: object) -> Limits:
+    """A ``Limits`` whose every field is in range, periods stored as floats (FLW-1)."""
+    if not isinstance(limits, Limits):
+        raise InvalidArgument("limits", f"must be a Limits, got {type(limits).__name__}")
+    counts = {}
+    for name in ("concurrency", "rate", "burst"):
+        for scope in ("", "partition_"):
+            field = scope + name
+            counts[field] = optional(positive_int, field, getattr(limits, field))
+    for scope in ("", "partition_"):
+        if counts[scope + "burst"] is not None and counts[scope + "rate"] is None:
+            raise InvalidArgument(scope + "burst", f"needs {scope}rate: a burst of what rate?")
+    return Limits(
+        concurrency=counts["concurrency"],
+        rate=counts["rate"],
+        per_s=positive("per_s", limits.per_s),
+        burst=counts["burst"],
+        partition_concurrency=counts["partition_concurrency"],
+        partition_rate=counts["partition_rate"],
+        partition_per_s=positive("partition_per_s", limits.partition_per_s),
+        partition_burst=counts["partition_burst"],
     )
 
 

@@ -31,6 +31,7 @@ into ``_ready``, each exactly once (CST-2). Counters change with every transitio
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 from bisect import bisect_left
@@ -42,8 +43,20 @@ from typing import Any, NamedTuple
 
 from . import _guards as guard
 from ._errors import InvalidArgument
+from ._flow import NEVER as _NEVER
+from ._flow import Flow, Part
 from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
-from ._types import Job, JobState, NewJob, QueueOpts, QueueStats, QueueTotals, SweepResult
+from ._types import (
+    LIMIT_FIELDS,
+    Job,
+    JobState,
+    Limits,
+    NewJob,
+    QueueOpts,
+    QueueStats,
+    QueueTotals,
+    SweepResult,
+)
 
 __all__ = [
     "LIST_STATES",
@@ -102,6 +115,7 @@ class _Row:
         "last_error",
         "lease",
         "max_attempts",
+        "partition",
         "payload",
         "priority",
         "queue",
@@ -128,6 +142,7 @@ class _Row:
         expires_at: float | None,
         key: str | None,
         timeout_s: float | None = None,
+        partition: str | None = None,
     ) -> None:
         self.seq = seq
         self.queue = queue
@@ -149,6 +164,7 @@ class _Row:
         self.died_at: float | None = None
         self.key = key
         self.timeout_s = timeout_s
+        self.partition = partition
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
@@ -183,6 +199,7 @@ class JobHandle:
         "id",
         "lease",
         "max_attempts",
+        "partition",
         "payload_json",
         "priority",
         "queue",
@@ -210,6 +227,7 @@ class JobHandle:
         self.max_attempts: int = row.max_attempts
         self.visibility_timeout_s: float = row.visibility_timeout_s
         self.timeout_s: float | None = row.timeout_s
+        self.partition: str | None = row.partition
         #: When the job became claimable for this claim (its ready time, or its enqueue).
         ready_at, enqueued_at = row.ready_at, row.enqueued_at
         self.ready_since: float = ready_at if ready_at > enqueued_at else enqueued_at
@@ -270,6 +288,7 @@ class Queue:
         "_event_entry",
         "_exhausted",
         "_expiry",
+        "_flow",
         "_fresh",
         "_keys",
         "_leases",
@@ -311,6 +330,8 @@ class Queue:
         self._n_ready = 0
         self._n_scheduled = 0
         self._n_processing = 0
+        # Flow control: slots, buckets, back-offs, partition keys' turns (see _flow).
+        self._flow = Flow()
         # enqueued, completed, retried, dead, expired, cancelled (see QueueTotals)
         self._totals = [0, 0, 0, 0, 0, 0]
         # Its entry in the table's heap of next events, and a tie-break for that heap.
@@ -341,6 +362,32 @@ class Queue:
         self._paused = False
         self._table._touch_queue(self)
 
+    @property
+    def limits(self) -> Limits:
+        """The queue's flow-control limits (FLW-1)."""
+        return self._flow.limits
+
+    def set_limits(self, limits: Limits) -> None:
+        """Replace the queue's limits, from its next claim on (FLW-1, FLW-2); a limit
+        below the slots held ends no lease. Raises ``InvalidArgument`` naming the field of
+        a bad one (nothing changed)."""
+        limits = guard.check_limits(limits)
+        now = self._table._now()
+        self._advance(now)
+        self._flow.set_limits(limits, now)
+        self._table._touch_queue(self)
+        self._table._freed.add(self)
+
+    def back_off(self, partition: str | None, delay_s: float) -> None:
+        """Hand out nothing of ``partition`` (of the whole queue when ``None``) for
+        ``delay_s`` seconds from now; a later back-off extends, never shortens (FLW-6).
+        Raises ``InvalidArgument`` for a bad delay or key."""
+        delay, name, _ = _back_off_args(delay_s, partition, False)
+        now = self._table._now()
+        self._advance(now)
+        self._flow.back_off(None if name is None else self._flow.part(name), now + delay, now)
+        self._table._timing_dirty.add(self)
+
     # -- enqueue --------------------------------------------------------------------------
 
     def enqueue(
@@ -356,6 +403,7 @@ class Queue:
         backoff_base_s: float | None = None,
         key: str | None = None,
         timeout_s: float | None = None,
+        partition: str | None = None,
     ) -> str:
         """Store a job and return its id (``docs/contract.md``, ENQ-2 to ENQ-10).
 
@@ -376,6 +424,7 @@ class Queue:
             backoff_base_s,
             key,
             timeout_s,
+            partition,
         )
         return self._insert(resolved, self._table._now())
 
@@ -403,6 +452,7 @@ class Queue:
                         spec.backoff_base_s,
                         spec.key,
                         spec.timeout_s,
+                        spec.partition,
                     )
                 )
             except InvalidArgument as exc:
@@ -422,11 +472,12 @@ class Queue:
         backoff_base_s: Any,
         key: Any,
         timeout_s: Any = None,
+        partition: Any = None,
     ) -> tuple[Any, ...]:
         """Check every option of one job and resolve it against the queue's, as an enqueue
         would store it; changes nothing (ENQ-2 to ENQ-9). Returns ``(payload bytes,
         priority, delay_s, run_at, expires_s, visibility_timeout_s, max_attempts,
-        backoff_base_s, key, timeout_s)``, the queue's defaults filled in. Raises
+        backoff_base_s, key, timeout_s, partition)``, the queue's defaults filled in. Raises
         ``InvalidArgument``. A backend that stores jobs elsewhere (PostgreSQL) resolves
         them here too, so that the rules stay in one place."""
         opts = self._opts
@@ -458,6 +509,8 @@ class Queue:
         if timeout_s is not None:
             timeout_s = guard.positive("timeout_s", timeout_s)
         key = guard.key(key)
+        if partition is not None:
+            partition = guard.key(partition, "partition")
         payload = guard.encode_payload(payload, self._table.max_payload_bytes)
         if expires_s is None:
             expires_s = opts.expires_s
@@ -472,10 +525,11 @@ class Queue:
             base,
             key,
             timeout_s,
+            partition,
         )
 
     def _insert(self, resolved: tuple[Any, ...], now: float) -> str:
-        payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit = resolved
+        payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit, part = resolved
         table = self._table
         if key is not None:
             existing = self._keys.get(key)
@@ -502,6 +556,7 @@ class Queue:
             None if expires_s is None else now + expires_s,
             key,
             limit,
+            part,
         )
         table._rows[seq] = row
         if table._journal is not None:
@@ -546,19 +601,45 @@ class Queue:
         journal = table._journal
         leased = table._leased
         prefix = table.id_prefix
+        flow = self._flow
+        gated = flow.gated
+        parts = flow.parts
         while len(handles) < n:
-            # The next row in claim order (CLM-6): the heap's top or a fresh line's head.
+            if gated and flow.opens_at(now) is not None:
+                break  # the queue's own limit or back-off holds it (FLW-2, FLW-4, FLW-6)
+            # The next row of no key in claim order (CLM-6): the heap's top or a fresh
+            # line's head; and, with keys in use, the key whose turn it is (FLW-5).
             entry = ready.top()
             row: _Row | None = fresh.top()
+            plain: Heap | Fifo | None = None
+            first = 0
             if row is not None and (
                 entry is None or (-row.priority, row.ready_at, row.seq) < entry[:3]
             ):
-                fresh.pop()
+                plain, first = fresh, -row.priority
             elif entry is not None:
-                ready.pop()
-                row = entry[-1]
-            else:
-                break
+                plain, first = ready, entry[0]
+            part: Part | None = flow.top() if parts else None
+            if part is not None:
+                head = part.ready.top()
+                assert head is not None
+                if plain is not None and (first, flow.plain_turn) < (head[0], part.turn):
+                    part = None
+                else:
+                    flow.turns.pop()
+                    part.ready.pop()
+                    row = head[-1]
+            if part is None:
+                if plain is fresh:
+                    fresh.pop()
+                elif plain is ready:
+                    assert entry is not None
+                    ready.pop()
+                    row = entry[-1]
+                else:
+                    break
+                if parts:
+                    flow.plain_turn = flow.next_turn()
             assert row is not None
             row._heap = None
             if row._ranked is not None:  # (a fresh row has no listing entry of its own)
@@ -567,16 +648,29 @@ class Queue:
                 self._ages.forget(row)
             if row.state is PENDING:
                 self._n_ready -= 1
+                if part is not None:
+                    flow.count(part, -1)
             else:  # a lapsed lease: this is a reclaim
                 self._n_processing -= 1
                 self._exhausted.pop(row.seq, None)
                 leased.pop(row.lease, None)  # type: ignore[arg-type]
             if row.expires_at is not None and now >= row.expires_at:
                 self._kill(row, EXPIRED, now)
+                if part is not None:
+                    flow.refile(part, now)
                 continue
             if row.attempts >= row.max_attempts:  # CLM-3: the lapsed lease used the last one
                 self._kill(row, MAX_ATTEMPTS_EXCEEDED, now)
+                if part is not None:
+                    flow.refile(part, now)
                 continue
+            flow.took(now)
+            if part is not None:
+                part.held += 1
+                if part.bucket is not None:
+                    part.bucket.take(now)
+                part.turn = flow.next_turn()
+                flow.refile(part, now)
             row.state = PROCESSING
             row.attempts += 1
             row.worker_id = worker_id
@@ -611,7 +705,7 @@ class Queue:
     def _ack(self, row: _Row, lease: str, now: float) -> bool:
         if not self._valid(row, lease, now):
             return False
-        self._delete(row)
+        self._delete(row, now)
         self._totals[1] += 1
         return True
 
@@ -621,7 +715,7 @@ class Queue:
         now = self._table._now()
         if not self._valid(row, lease, now):
             return False
-        self._unlink(row)
+        self._unlink(row, now)
         if row.attempts >= row.max_attempts:
             self._kill(row, text or MAX_ATTEMPTS_EXCEEDED, now)
             return True
@@ -647,8 +741,25 @@ class Queue:
         now = self._table._now()
         if not self._valid(row, lease, now):
             return False
-        self._unlink(row)
+        self._unlink(row, now)
         self._kill(row, text or FAILED, now)
+        return True
+
+    def _back_off(
+        self, row: _Row, lease: str, delay: float, partition: str | None, whole: bool
+    ) -> bool:
+        now = self._table._now()
+        if not self._valid(row, lease, now):
+            return False
+        self._unlink(row, now)
+        key = None if whole else partition if partition is not None else row.partition
+        flow = self._flow
+        flow.back_off(None if key is None else flow.part(key), now + delay, now)
+        row.state = PENDING
+        row.attempts -= 1  # the claim did not count (FLW-6)
+        row.worker_id = row.lease = row.deadline = None
+        self._place_pending(row, now)  # (its ready time is past: back to its place)
+        self._table._timing_dirty.add(self)
         return True
 
     def _heartbeat(self, row: _Row, lease: str) -> bool:
@@ -703,8 +814,9 @@ class Queue:
         row = self._row(job_id)
         if row is None:
             return False
-        self._advance(self._table._now())
-        self._delete(row)
+        now = self._table._now()
+        self._advance(now)
+        self._delete(row, now)
         self._totals[5] += 1
         return True
 
@@ -897,8 +1009,9 @@ class Queue:
     def purge_dead(self) -> int:
         """Delete every dead job of this queue; return how many (OPS-6)."""
         rows = list(self._dead.values())
+        now = self._table._now()
         for row in rows:
-            self._delete(row)
+            self._delete(row, now)
         return len(rows)
 
     # -- time-driven work -----------------------------------------------------------------
@@ -913,11 +1026,11 @@ class Queue:
         while (entry := expiry.top()) is not None and entry[0] <= now:
             expiry.pop()
             row: _Row = entry[-1]
-            self._unlink(row)
+            self._unlink(row, now)
             self._kill(row, EXPIRED, now)
             expired += 1
         for row in list(self._exhausted.values()):
-            self._unlink(row)
+            self._unlink(row, now)
             self._kill(row, MAX_ATTEMPTS_EXCEEDED, now)
             exhausted += 1
         retention = self._opts.dead_letter_retention_s
@@ -928,13 +1041,14 @@ class Queue:
                 assert row.died_at is not None
                 if row.died_at + retention > now:
                     break
-                self._delete(row)
+                self._delete(row, now)
                 purged += 1
         return SweepResult(expired, exhausted, purged)
 
     def stats(self) -> QueueStats:
         """Counts by state and running totals, read from counters (CST-4)."""
-        self._advance(self._table._now())
+        now = self._table._now()
+        self._advance(now)
         return QueueStats(
             ready=self._n_ready,
             scheduled=self._n_scheduled,
@@ -943,7 +1057,19 @@ class Queue:
             paused=self._paused,
             totals=QueueTotals(*self._totals),
             oldest_ready_at=self._oldest_ready_at(),
+            **self._flow_stats(now),
         )
+
+    def _flow_stats(self, now: float) -> dict[str, Any]:
+        """The flow-control fields of ``stats`` (FLW-8), O(1)."""
+        flow = self._flow
+        held_back = flow.gated and flow.opens_at(now) is not None
+        return {
+            "limited": self._n_ready if held_back else flow.n_limited,
+            "partitions": flow.n_busy,
+            "backoff_until": flow.until if flow.until > now else None,
+            "limits": flow.limits,
+        }
 
     def _next_event_at(self, now: float) -> float | None:
         """The earliest time this queue needs attention (see ``JobTable.next_event_at``)."""
@@ -965,6 +1091,13 @@ class Queue:
             times.append(died_at + retention)
         if self._exhausted:
             times.append(now)  # used-up lapsed rows wait for a sweep
+        flow = self._flow
+        if flow.waking:
+            times.append(flow.next_at())
+        if flow.gated and (self._n_ready or len(self._ready)):
+            opens = flow.opens_at(now)  # the queue's own bucket or back-off
+            if opens is not None and opens != float("inf"):
+                times.append(opens)
         return min(times) if times else None
 
     # -- the transitions' building blocks -------------------------------------------------
@@ -981,23 +1114,46 @@ class Queue:
         """
         self._table._touch(row)
         if row.ready_at <= now:
-            if fresh:
+            if fresh and row.partition is None:
                 self._fresh.append(row)
                 row._heap = self._fresh
             else:
-                self._make_ready(row)
+                self._make_ready(row, now)
             self._n_ready += 1
         else:
             self._push(self._scheduled, (row.ready_at, row.seq, row))
             self._by_due.add((row.ready_at, row.seq, row))
             self._n_scheduled += 1
 
-    def _make_ready(self, row: _Row) -> None:
-        """File a pending row whose time has come in the ready heap and its indexes."""
+    def _make_ready(self, row: _Row, now: float) -> None:
+        """File a pending row whose time has come in the ready heap (its key's, when it
+        has one) and its indexes."""
         entry = (-row.priority, row.ready_at, row.seq, row)
-        self._push(self._ready, entry)
+        if row.partition is None:
+            self._push(self._ready, entry)
+        else:
+            self._file_keyed(row, entry, now)
+            self._flow.count(self._flow.parts[row.partition], 1)
         self._by_ready.add(entry)
         self._ages.push((row.ready_at, row.seq, row))
+
+    def _file_keyed(self, row: _Row, entry: tuple[Any, ...], now: float) -> None:
+        """File ``entry`` of a row with a partition key in its key's ready heap (FLW-5)."""
+        flow = self._flow
+        part = flow.part(row.partition)  # type: ignore[arg-type]
+        self._push(part.ready, entry)
+        flow.added(part, entry, now)
+
+    def _release(self, row: _Row, now: float) -> None:
+        """A processing row's lease stopped holding its slot (FLW-2): acked, retried,
+        failed, backed off, cancelled, expired or lapsed."""
+        flow = self._flow
+        flow.held -= 1
+        if row.partition is not None:
+            flow.released(flow.parts[row.partition], now)
+        limits = flow.limits
+        if limits.concurrency is not None or limits.partition_concurrency is not None:
+            self._table._freed.add(self)
 
     def _lease_top(self) -> tuple[Any, ...] | None:
         """The lease heap's top with its key brought up to date after heartbeats."""
@@ -1021,7 +1177,7 @@ class Queue:
             scheduled.pop()
             row: _Row = entry[-1]
             self._by_due.remove(row)
-            self._make_ready(row)
+            self._make_ready(row, now)
             self._n_scheduled -= 1
             self._n_ready += 1
         while (entry := self._lease_top()) is not None and entry[0] <= now:
@@ -1029,12 +1185,21 @@ class Queue:
             self._leases.pop()
             row = entry[-1]
             # Lapsed at its deadline, which is its ready time for the reclaim. It stays
-            # "processing" (and counted so) until a claim or a sweep meets it.
-            self._push(ready, (-row.priority, row.deadline, row.seq, row))
+            # "processing" (and counted so) until a claim or a sweep meets it; its slot
+            # is free from now (FLW-2).
+            self._release(row, now)
+            lapsed = (-row.priority, row.deadline, row.seq, row)
+            if row.partition is None:
+                self._push(ready, lapsed)
+            else:
+                self._file_keyed(row, lapsed, now)
             if row.attempts >= row.max_attempts:
                 self._exhausted[row.seq] = row
+        flow = self._flow
+        if flow.waking or flow.until != _NEVER:
+            flow.wake(now)
 
-    def _unlink(self, row: _Row) -> None:
+    def _unlink(self, row: _Row, now: float) -> None:
         """Take a pending, processing or dead row out of its index and counters."""
         heap = row._heap
         if heap is not None:
@@ -1046,11 +1211,15 @@ class Queue:
             self._ages.forget(row)
         state = row.state
         if state is PENDING:
-            if heap is self._ready or heap is self._fresh:
-                self._n_ready -= 1
-            else:
+            if heap is self._scheduled:
                 self._n_scheduled -= 1
+            else:
+                self._n_ready -= 1
+                if row.partition is not None:
+                    self._flow.count(self._flow.parts[row.partition], -1)
         elif state is PROCESSING:
+            if heap is self._leases:
+                self._release(row, now)
             self._n_processing -= 1
             self._exhausted.pop(row.seq, None)
             self._table._leased.pop(row.lease, None)  # type: ignore[arg-type]
@@ -1072,10 +1241,10 @@ class Queue:
         if error == EXPIRED:
             self._totals[4] += 1
 
-    def _delete(self, row: _Row) -> None:
+    def _delete(self, row: _Row, now: float) -> None:
         """Remove a row for good (ack, cancel, purge, retention)."""
         self._table._touch(row)
-        self._unlink(row)
+        self._unlink(row, now)
         if row._exp_entry is not None:
             self._expiry.forget(row)
         del self._table._rows[row.seq]
@@ -1090,6 +1259,15 @@ _HEX_DIGITS = "0123456789abcdef"
 
 # Each listed state's key: "i" an int, "f" a number (see Queue.list_jobs).
 _KEY_KINDS = {"ready": "ifi", "scheduled": "fi", "processing": "i", "dead": "fi"}
+
+
+def _back_off_args(
+    delay_s: object, partition: object, whole_queue: object
+) -> tuple[float, str | None, bool]:
+    """``back_off``'s arguments, checked (FLW-6)."""
+    if not isinstance(whole_queue, bool):
+        raise InvalidArgument("whole_queue", f"must be a bool, got {type(whole_queue).__name__}")
+    return guard.nonneg("delay_s", delay_s), guard.key(partition, "partition"), whole_queue
 
 
 def check_list_key(state: str, key: object) -> None:
@@ -1194,6 +1372,8 @@ class JobTable:
         # fields are all that changed).
         self._journal_claims: set[int] = set()
         self._journal_queues: set[Queue] = set()
+        # Queues where a concurrency slot freed since the last take_freed().
+        self._freed: set[Queue] = set()
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -1244,8 +1424,8 @@ class JobTable:
     def enqueue_each(self, jobs: Iterable[tuple[Any, ...]]) -> list[str | Exception]:
         """Enqueue each job on its own, in order, all at one instant (the clock is read
         once): each a tuple ``(queue, payload, priority, delay_s, run_at, expires_s,
-        visibility_timeout_s, max_attempts, backoff_base_s, key[, timeout_s])`` with ``enqueue``'s
-        meanings, its queue made on first use (ENQ-2 to ENQ-10).
+        visibility_timeout_s, max_attempts, backoff_base_s, key[, timeout_s[, partition]])``
+        with ``enqueue``'s meanings, its queue made on first use (ENQ-2 to ENQ-10).
 
         Returns, for each, its id, or the ``InvalidArgument`` that refused it (nothing
         changed for it: ENQ-7), or any other exception raised for it alone (a bug: the
@@ -1303,6 +1483,30 @@ class JobTable:
     def heartbeat(self, job_id: str, lease: str) -> bool:
         row = self._claimed(job_id, lease)
         return row is not None and row.queue._heartbeat(row, lease)
+
+    def back_off(
+        self,
+        job_id: str,
+        lease: str,
+        delay_s: float,
+        partition: str | None = None,
+        whole_queue: bool = False,
+    ) -> bool:
+        """The job back to ready without spending its attempt, and its key (``partition``,
+        or the whole queue) held for ``delay_s`` seconds (FLW-6). ``False`` for a lease
+        that is not valid (nothing changed); ``InvalidArgument`` for a bad argument."""
+        row = self._claimed(job_id, lease)
+        args = _back_off_args(delay_s, partition, whole_queue)
+        return row is not None and row.queue._back_off(row, lease, *args)
+
+    def take_freed(self) -> list[str]:
+        """The queues where a slot freed (FLW-2) or limits changed since the last call:
+        waiting workers may get jobs there now."""
+        freed = self._freed
+        if not freed:
+            return []
+        self._freed = set()
+        return [queue.name for queue in freed]
 
     def lapse(self, job_id: str, lease: str) -> bool:
         """End a valid lease now: the job is reclaimable at once, its attempt consumed
@@ -1453,12 +1657,14 @@ class JobTable:
         table = cls(clock=clock, rng=rng, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes)
         table._seq = seq
         table._leases_issued = leases_issued
-        for name, paused, *totals in queues:
+        for name, paused, *totals, limits in queues:
             queue = table.queue(name)
             queue._paused = bool(paused)
             queue._totals = [int(t) for t in totals]
+            queue._flow.set_limits(_limits_from_text(limits), table._now())
         now = table._now()
         dead: list[_Row] = []
+        keyed: list[_Row] = []
         for values in rows:
             row = _row_from_tuple(table, values)
             table._rows[row.seq] = row
@@ -1471,16 +1677,23 @@ class JobTable:
             if row.expires_at is not None:
                 queue._expiry.append((row.expires_at, row.seq, row))
             if row.state is PENDING:
-                if row.ready_at <= now:
+                if row.ready_at > now:
+                    queue._scheduled.append((row.ready_at, row.seq, row))
+                    queue._n_scheduled += 1
+                elif row.partition is None:
                     queue._ready.append((-row.priority, row.ready_at, row.seq, row))
                     queue._n_ready += 1
                 else:
-                    queue._scheduled.append((row.ready_at, row.seq, row))
-                    queue._n_scheduled += 1
+                    keyed.append(row)  # filed in its key's heap once the rest stands
             else:
                 assert row.deadline is not None
                 queue._leases.append((row.deadline, row.seq, row))
                 queue._n_processing += 1
+                # Its slot is held from the table (FLW-9); a lapse on the first look
+                # frees it as any other.
+                queue._flow.held += 1
+                if row.partition is not None:
+                    queue._flow.part(row.partition).held += 1
         dead.sort(key=lambda r: (r.died_at, r.seq))
         for row in dead:
             row.queue._dead[row.seq] = row
@@ -1491,6 +1704,9 @@ class JobTable:
                     entry[-1]._heap = heap
             queue._expiry.rebuild()
             queue._restore_indexes()
+        for row in keyed:  # O(log n) each (keyed rows are not in the bulk-built heaps)
+            row.queue._make_ready(row, now)
+            row.queue._n_ready += 1
         table.start_journal()
         return table
 
@@ -1587,6 +1803,7 @@ class JobTable:
             key=row.key,
             seq=row.seq,
             timeout_s=row.timeout_s,
+            partition=row.partition,
         )
 
 
@@ -1612,6 +1829,7 @@ ROW_FIELDS = (
     "died_at",
     "key",
     "timeout_s",
+    "partition",
 )
 
 #: The order of an update tuple: the fields a stored row's life changes, then its seq.
@@ -1631,7 +1849,8 @@ UPDATE_FIELDS = (
 #: The order of a claims tuple of ``Changes``: the fields a claim sets, then the seq.
 CLAIM_FIELDS = ("state", "attempts", "worker_id", "deadline", "lease", "seq")
 
-#: The order of a queue tuple: its name, whether paused, and its running totals.
+#: The order of a queue tuple: its name, whether paused, its running totals, and its
+#: limits (FLW-9) as JSON text (``None`` for none).
 QUEUE_FIELDS = (
     "name",
     "paused",
@@ -1641,6 +1860,7 @@ QUEUE_FIELDS = (
     "dead",
     "expired",
     "cancelled",
+    "limits",
 )
 
 
@@ -1679,6 +1899,7 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
         row.died_at,
         row.key,
         row.timeout_s,
+        row.partition,
     )
 
 
@@ -1699,7 +1920,17 @@ def _update_tuple(row: _Row) -> tuple[Any, ...]:
 
 
 def _queue_tuple(queue: Queue) -> tuple[Any, ...]:
-    return (queue.name, queue._paused, *queue._totals)
+    limits = queue._flow.limits
+    text = json.dumps(limits.as_dict(), separators=(",", ":")) if limits.any else None
+    return (queue.name, queue._paused, *queue._totals, text)
+
+
+def _limits_from_text(text: str | None) -> Limits:
+    """The limits a queue tuple holds (``QUEUE_FIELDS``' last), checked as if set anew."""
+    if not text:
+        return Limits()
+    values = json.loads(text)
+    return guard.check_limits(Limits(**{k: v for k, v in values.items() if k in LIMIT_FIELDS}))
 
 
 def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
@@ -1724,6 +1955,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
         died_at,
         key,
         timeout_s,
+        partition,
     ) = values
     row = _Row(
         seq,
@@ -1739,6 +1971,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
         expires_at,
         key,
         timeout_s,
+        partition,
     )
     row.state = JobState(state)
     row.attempts = attempts

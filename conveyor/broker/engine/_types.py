@@ -10,6 +10,7 @@ from typing import Any
 __all__ = [
     "Job",
     "JobState",
+    "Limits",
     "NewJob",
     "QueueOpts",
     "QueueStats",
@@ -46,6 +47,58 @@ class QueueOpts:
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """A queue's flow control (``docs/contract.md``, FLW-1 to FLW-9); ``None``: no limit.
+
+    * ``concurrency``: at most this many of the queue's jobs held under valid leases.
+    * ``rate`` per ``per_s`` seconds, ``burst`` at once: claims of the queue's jobs pass
+      a token bucket (GCRA) that refills ``rate`` tokens every ``per_s`` seconds and
+      holds at most ``burst`` (``None``: 1, claims evenly spaced). In any stretch of
+      ``t`` seconds at most ``burst + rate * t / per_s`` claims are made.
+    * ``partition_*``: the same, for each partition key on its own (jobs enqueued with
+      no partition are held only to the queue's limits).
+
+    Checked by ``Queue.set_limits``, which raises ``InvalidArgument`` naming the field.
+    """
+
+    concurrency: int | None = None
+    rate: int | None = None
+    per_s: float = 1.0
+    burst: int | None = None
+    partition_concurrency: int | None = None
+    partition_rate: int | None = None
+    partition_per_s: float = 1.0
+    partition_burst: int | None = None
+
+    @property
+    def any(self) -> bool:
+        """Whether any limit is set."""
+        return not (
+            self.concurrency is None
+            and self.rate is None
+            and self.partition_concurrency is None
+            and self.partition_rate is None
+        )
+
+    def as_dict(self) -> dict[str, int | float | None]:
+        """The fields by name (the wire's and the TOML file's names)."""
+        return {name: getattr(self, name) for name in LIMIT_FIELDS}
+
+
+#: ``Limits``' fields, in order: the names the wire, the TOML file and the stores use.
+LIMIT_FIELDS = (
+    "concurrency",
+    "rate",
+    "per_s",
+    "burst",
+    "partition_concurrency",
+    "partition_rate",
+    "partition_per_s",
+    "partition_burst",
+)
+
+
+@dataclass(frozen=True, slots=True)
 class RawJSON:
     """A payload already encoded as JSON, stored as these bytes without re-encoding.
 
@@ -70,6 +123,7 @@ class NewJob:
     backoff_base_s: float | None = None
     key: str | None = None
     timeout_s: float | None = None
+    partition: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +152,8 @@ class Job:
     seq: int
     # The handler's time limit the enqueue gave (docs/worker.md); None: not set.
     timeout_s: float | None = None
+    # The partition key the enqueue gave (flow control, FLW-3); None: not set.
+    partition: str | None = None
 
     @property
     def payload(self) -> Any:
@@ -125,6 +181,11 @@ class QueueStats:
     whose lease lapsed but that nobody has reclaimed yet still counts as processing.
     ``oldest_ready_at`` is the earliest ``ready_at`` of a ready job, ``None`` when none
     is ready: now minus it is how long the queue has kept work waiting (CST-5).
+
+    Flow control (FLW-8): ``limited`` is how many ready jobs wait on a limit (their
+    partition's, or the queue's: then every ready job), ``partitions`` how many
+    partition keys have ready jobs, ``backoff_until`` when a back-off of the whole queue
+    ends (``None``: none in force), and ``limits`` the queue's limits.
     """
 
     ready: int
@@ -134,6 +195,10 @@ class QueueStats:
     paused: bool
     totals: QueueTotals = field(default_factory=QueueTotals)
     oldest_ready_at: float | None = None
+    limited: int = 0
+    partitions: int = 0
+    backoff_until: float | None = None
+    limits: Limits = field(default_factory=Limits)
 
     @property
     def pending(self) -> int:

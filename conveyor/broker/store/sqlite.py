@@ -147,8 +147,15 @@ _SCHEMA_V3 = """
 ALTER TABLE jobs ADD COLUMN timeout_s REAL;
 """
 
+# Version 4: flow control (docs/contract.md, FLW-3 and FLW-9): a job's partition key, and
+# a queue's limits as JSON text; NULL for none, as in every older file.
+_SCHEMA_V4 = """
+ALTER TABLE jobs ADD COLUMN partition TEXT;
+ALTER TABLE queues ADD COLUMN limits TEXT;
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
 # keeps the WAL to some MB ("normal" restarts it less often, see _RESTART_FRAMES).
