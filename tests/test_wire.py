@@ -336,6 +336,7 @@ def test_enqueue_defaults_filled() -> None:
         "backoff_base_s": None,
         "key": None,
         "timeout_s": None,
+        "partition": None,
     }
 
 
@@ -440,6 +441,7 @@ def test_batch_entries_checked_with_paths() -> None:
             "backoff_base_s": None,
             "key": "k",
             "timeout_s": None,
+            "partition": None,
         }
     ]
     frame["jobs"] = []
@@ -565,6 +567,8 @@ ROLES_BY_OP = {
     "redrive_all": {A},
     "purge_dead": {A},
     "sweep": {A},
+    "set_limits": {A},
+    "back_off": {W, A},
     "watch": {R, A},
 }
 
@@ -610,6 +614,7 @@ class FakeJob:
     seq: int = 1
     lease: str = "secret"
     timeout_s: float | None = 45.0
+    partition: str | None = "acme"
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,6 +629,7 @@ class FakeClaim:
     priority: int = 3
     visibility_timeout_s: float = 30.0
     timeout_s: float | None = None
+    partition: str | None = None
 
 
 def test_pushed_job_and_jobs_push() -> None:
@@ -642,6 +648,7 @@ def test_pushed_job_and_jobs_push() -> None:
         "priority": 3,
         "visibility_timeout_s": 30.0,
         "timeout_s": None,
+        "partition": None,
     }
     assert len(frame["jobs"]) == 2
     assert wire.pushed_job(FakeClaim(timeout_s=2.5))["timeout_s"] == 2.5
@@ -651,7 +658,7 @@ def test_job_info_hides_lease_and_seq() -> None:
     info = decode(encode(wire.job_info(FakeJob(), 100.0)))
     assert tuple(info) == wire.JOB_INFO_FIELDS
     assert info["payload"] == {"to": "a@b.c"} and info["state"] == "processing"
-    assert info["timeout_s"] == 45.0
+    assert info["timeout_s"] == 45.0 and info["partition"] == "acme"
     assert "lease" not in info and "seq" not in info
 
 

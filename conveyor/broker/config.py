@@ -6,8 +6,12 @@ Per-queue options come from a TOML file (``--queues FILE``) of the form::
     [queues.emails]
     visibility_timeout_s = 60
     max_attempts = 5
+    concurrency = 10          # flow control (docs/contract.md, FLW-1)
+    rate = 100                # claims per per_s seconds
+    per_s = 60
+    partition_concurrency = 2
 
-``load_queue_opts`` raises ``ConfigError`` with the file, queue and field named.
+``load_queues`` raises ``ConfigError`` with the file, queue and field named.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from typing import Any
 
 from ..sdk._loop import LOOP_HELP, LOOPS, loop_problem
 from ..sdk._wire import DEFAULT_MAX_FRAME_BYTES, Role
-from .engine import InvalidArgument, JobTable, QueueOpts
+from .engine import LIMIT_FIELDS, InvalidArgument, JobTable, Limits, QueueOpts
 
-__all__ = ["Config", "ConfigError", "add_serve_arguments", "config_from_args", "load_queue_opts"]
+__all__ = ["Config", "ConfigError", "add_serve_arguments", "config_from_args", "load_queues"]
 
 ROLES = ("admin", "publish", "work", "read")
 
@@ -57,6 +61,8 @@ class Config:
     sweep_interval_s: float = 1.0
     disconnect_grace_s: float = 5.0
     queue_opts: Mapping[str, QueueOpts] = field(default_factory=dict)
+    # Flow-control limits of the queues file, set at every start (FLW-1).
+    queue_limits: Mapping[str, Limits] = field(default_factory=dict)
     log_level: str = "info"
     loop: str = "auto"
     max_prefetch: int = 1000
@@ -246,6 +252,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     if env_hosts:
         allowed_hosts += [h.strip() for h in env_hosts.split(",") if h.strip()]
     queues_file = _pick(args.queues, "QUEUES", str, None)
+    queue_opts, queue_limits = load_queues(Path(queues_file)) if queues_file else ({}, {})
     db_path = _pick(args.db, "DB", str, "conveyor.db")
     store = _pick(args.store, "STORE", str, None)
     if store is None:
@@ -274,7 +281,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         max_payload_bytes=_pick(args.max_payload_bytes, "MAX_PAYLOAD_BYTES", int, 1 << 20),
         sweep_interval_s=_pick(args.sweep_interval, "SWEEP_INTERVAL", float, 1.0),
         disconnect_grace_s=_pick(args.disconnect_grace, "DISCONNECT_GRACE", float, 5.0),
-        queue_opts=load_queue_opts(Path(queues_file)) if queues_file else {},
+        queue_opts=queue_opts,
+        queue_limits=queue_limits,
         log_level=_pick(args.log_level, "LOG_LEVEL", str, "info"),
         loop=_pick(args.loop, "LOOP", str, "auto"),
     )
@@ -328,8 +336,9 @@ def check(config: Config) -> None:
         raise ConfigError(f"log_level: unknown level {config.log_level!r}")
 
 
-def load_queue_opts(path: Path) -> dict[str, QueueOpts]:
-    """Per-queue options from a TOML file; raises ``ConfigError`` naming what is wrong."""
+def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
+    """Per-queue options, and the limits of the queues that set any, from a TOML file;
+    raises ``ConfigError`` naming what is wrong."""
     try:
         with path.open("rb") as file:
             data = tomllib.load(file)
@@ -345,8 +354,10 @@ def load_queue_opts(path: Path) -> dict[str, QueueOpts]:
     queues = data.get("queues", {})
     if not isinstance(queues, dict):
         raise ConfigError(f"{path}: 'queues' must be a table of [queues.NAME] tables")
-    known = {f.name for f in fields(QueueOpts)}
+    option_names = {f.name for f in fields(QueueOpts)}
+    known = option_names | set(LIMIT_FIELDS)
     result = {}
+    limits: dict[str, Limits] = {}
     probe = JobTable(clock=lambda: 0.0)
     for name, table in queues.items():
         if not isinstance(table, dict):
@@ -358,9 +369,12 @@ def load_queue_opts(path: Path) -> dict[str, QueueOpts]:
                 f"(known: {', '.join(sorted(known))})"
             )
         try:
-            opts = QueueOpts(**table)
-            probe.queue(name, opts)  # the engine's own guards, so the messages match
+            opts = QueueOpts(**{k: v for k, v in table.items() if k in option_names})
+            queue = probe.queue(name, opts)  # the engine's own guards: the messages match
+            if any(k in LIMIT_FIELDS for k in table):
+                queue.set_limits(Limits(**{k: v for k, v in table.items() if k in LIMIT_FIELDS}))
+                limits[name] = queue.limits
         except InvalidArgument as exc:
             raise ConfigError(f"{path}: [queues.{name}] {exc}") from None
         result[name] = opts
-    return result
+    return result, limits

@@ -83,6 +83,10 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
         "dead": stats.dead,
         "paused": stats.paused,
         "oldest_ready_at": stats.oldest_ready_at,
+        "limited": stats.limited,
+        "partitions": stats.partitions,
+        "backoff_until": stats.backoff_until,
+        "limits": stats.limits.as_dict(),
         "totals": {
             "enqueued": t.enqueued,
             "completed": t.completed,

@@ -100,6 +100,16 @@ _AGE = (
     "Seconds the oldest ready job of a queue has waited since it became ready (0: none).",
     "gauge",
 )
+_LIMITED = (
+    "conveyor_queue_limited_jobs",
+    "Ready jobs of a queue held back by a flow-control limit or back-off.",
+    "gauge",
+)
+_LIMIT = (
+    "conveyor_queue_limit",
+    "A queue's flow-control limit, by name (only the limits set; rates per their period).",
+    "gauge",
+)
 _TOTALS = tuple(
     (f"conveyor_jobs_{name}_total", f"Jobs {name} since the broker started.", "counter")
     for name in ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
@@ -127,9 +137,9 @@ def render_table(
     queues: Mapping[str, QueueStats], *, workers: int, connections: int, now: float = 0.0
 ) -> str:
     """The table's families in the text format 0.0.4: per-queue job counts by state,
-    paused flags, the age at ``now`` (the broker's clock) of the oldest ready job and
-    running totals (one pass over the queues' counters, no walk over jobs), then the
-    worker and connection gauges.
+    paused flags, the age at ``now`` (the broker's clock) of the oldest ready job, jobs
+    held back by flow control and the limits set, and running totals (one pass over the
+    queues' counters, no walk over jobs), then the worker and connection gauges.
 
     Plain string building: prometheus_client's objects and its writer cost several times
     more per sample, and a broker may hold thousands of queues (docs/benchmarks.md).
@@ -140,6 +150,8 @@ def render_table(
     ages: list[str] = []
     age_name = _AGE[0]
     totals: list[list[str]] = [[] for _ in _TOTALS]
+    limited: list[str] = []
+    limit_lines: list[str] = []
     for name, stats in queues.items():
         label = f'{{queue="{escape_label_value(name)}"'
         jobs.append(
@@ -152,11 +164,16 @@ def render_table(
         oldest = stats.oldest_ready_at
         age = 0.0 if oldest is None else max(0.0, now - oldest)
         ages.append(f"{age_name}{label}}} {floatToGoString(age)}\n")  # type: ignore[no-untyped-call]
+        limited.append(f"{_LIMITED[0]}{label}}} {stats.limited}\n")
+        if stats.limits.any:
+            for limit, value in stats.limits.given().items():
+                limit_lines.append(f'{_LIMIT[0]}{label},limit="{limit}"}} {value}\n')
         t = stats.totals
         values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
         for lines, (metric, _, _), value in zip(totals, _TOTALS, values, strict=True):
             lines.append(f"{metric}{label}}} {value}\n")
     parts = [_head(_JOBS), *jobs, _head(_PAUSED), *paused, _head(_AGE), *ages]
+    parts += [_head(_LIMITED), *limited, _head(_LIMIT), *limit_lines]
     for family, lines in zip(_TOTALS, totals, strict=True):
         parts.append(_head(family))
         parts.extend(lines)

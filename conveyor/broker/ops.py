@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..sdk._wire import (
+    BACK_OFF_SCOPES,
     JOB_STATES,
     MAX_LIST_LIMIT,
     OPS,
@@ -32,11 +33,11 @@ from ..sdk._wire import (
     job_info,
 )
 from . import __version__
-from .backend import Backend, Enqueue, JobList, Pending, Report, then
+from .backend import Backend, BackOff, Enqueue, JobList, Pending, Report, then
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
-from .engine import InvalidArgument, NewJob, RawJSON, check_queue_name
+from .engine import LIMIT_FIELDS, InvalidArgument, Limits, NewJob, RawJSON, check_queue_name
 from .feed import Feed, Viewer, queue_info
 
 __all__ = ["HANDLERS", "Broker", "Peer"]
@@ -105,6 +106,7 @@ _OPTION_NAMES = (
     "backoff_base_s",
     "key",
     "timeout_s",
+    "partition",
 )
 
 
@@ -182,6 +184,7 @@ def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
         spec["backoff_base_s"],
         spec["key"],
         spec["timeout_s"],
+        spec["partition"],
     )
 
 
@@ -444,6 +447,26 @@ def fail(conn: Peer, f: dict[str, Any]) -> Reply:
     return _report(conn, f, retry=False)
 
 
+def back_off(conn: Peer, f: dict[str, Any]) -> Reply:
+    scope = f["scope"]
+    if scope not in BACK_OFF_SCOPES:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"scope: must be one of {', '.join(BACK_OFF_SCOPES)}, got {scope[:64]!r}",
+            "scope",
+        )
+    item = BackOff(f["id"], f["lease"], f["delay_s"], f["partition"], scope == "queue")
+
+    def reply(answers: list[bool | InvalidArgument]) -> Result:
+        (landed,) = answers
+        if isinstance(landed, InvalidArgument):
+            raise landed
+        _finish(conn, item.id, item.lease, "backoff" if landed else None)
+        return {"landed": landed}
+
+    return then(conn.broker.backend.back_off([item]), reply)
+
+
 def heartbeat(conn: Peer, f: dict[str, Any]) -> Reply:
     pending = conn.broker.backend.heartbeat([(f["id"], f["lease"])])
     return then(pending, lambda landed: {"landed": landed[0]})
@@ -505,6 +528,14 @@ def purge_dead(conn: Peer, f: dict[str, Any]) -> Reply:
     return then(conn.broker.backend.purge_dead(name), reply)
 
 
+def set_limits(conn: Peer, f: dict[str, Any]) -> Reply:
+    limits = Limits(**{name: f[name] for name in LIMIT_FIELDS})
+    # (The backend checks the name and every limit, naming the field of a bad one.)
+    return then(
+        conn.broker.backend.set_limits(f["queue"], limits), lambda _: {"limits": limits.as_dict()}
+    )
+
+
 def sweep(conn: Peer, f: dict[str, Any]) -> Reply:
     return conn.broker.dispatcher.sweep()
 
@@ -539,5 +570,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.REDRIVE_ALL: redrive_all,
     Op.PURGE_DEAD: purge_dead,
     Op.SWEEP: sweep,
+    Op.SET_LIMITS: set_limits,
+    Op.BACK_OFF: back_off,
     Op.WATCH: watch,
 }

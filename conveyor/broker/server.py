@@ -110,6 +110,8 @@ class Broker:
         try:
             for name, opts in config.queue_opts.items():
                 await backend.set_queue(name, opts)
+            for name, limits in config.queue_limits.items():
+                await backend.set_limits(name, limits)
             broker = cls(config, backend, scheduler, stopped)
             broker._owned_scheduler = owned
             if not backend.shared:

@@ -44,7 +44,7 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._tasks import Task
-from ._types import Fail, Job, JobInfo, JobPage, Retry
+from ._types import Fail, Job, JobInfo, JobPage, RateLimited, Retry
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -64,6 +64,7 @@ __all__ = [
     "JobPage",
     "LimitExceeded",
     "NotFound",
+    "RateLimited",
     "Retry",
     "SyncClient",
     "Task",

@@ -263,6 +263,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "max_attempts",
             "key",
             "timeout_s",
+            "partition",
         )
         if getattr(args, name) is not None
     }
@@ -307,6 +308,7 @@ _STATS_COLUMNS = (
     Column("READY", right=True),
     Column("SCHEDULED", right=True),
     Column("PROCESSING", right=True),
+    Column("LIMITED", right=True),
     Column("DEAD", right=True),
     Column("PAUSED"),
     Column("OLDEST READY", right=True),
@@ -316,8 +318,9 @@ _STATS_COLUMNS = (
 
 
 def show_stats(queues: dict[str, dict[str, Any]], now: float) -> str:
-    """``stats``' counts as a table, a queue a row, by name; the oldest ready job's age
-    (how long it has waited), and the totals since the broker's table began."""
+    """``stats``' counts as a table, a queue a row, by name; how many ready jobs wait on a
+    flow-control limit, the oldest ready job's age (how long it has waited), and the
+    totals since the broker's table began."""
     if not queues:
         return "no queues yet"
     rows = []
@@ -331,6 +334,7 @@ def show_stats(queues: dict[str, dict[str, Any]], now: float) -> str:
                 f"{q.get('ready', 0):,}",
                 f"{q.get('scheduled', 0):,}",
                 f"{q.get('processing', 0):,}",
+                f"{q.get('limited', 0):,}",
                 f"{q.get('dead', 0):,}",
                 "yes" if q.get("paused") else "no",
                 "-" if oldest is None else duration(max(now - oldest, 0.0)),
@@ -383,6 +387,63 @@ async def _purge(client: Client, args: argparse.Namespace, now: float) -> Outcom
     count = await client.purge_dead(args.queue)
     text = f"purged {count:,} dead {'job' if count == 1 else 'jobs'} of {args.queue}"
     return Outcome({"purged": count}, text)
+
+
+_LIMIT_FLAGS = ("concurrency", "burst", "partition_concurrency", "partition_burst")
+
+
+def show_limits(queue: str, limits: dict[str, Any]) -> str:
+    """A queue's limits, one line: ``api: concurrency 10, rate 100 per 60 s, ...``."""
+    parts = []
+    for scope, label in (("", ""), ("partition_", "per key: ")):
+        if limits.get(scope + "concurrency") is not None:
+            parts.append(f"{label}concurrency {limits[scope + 'concurrency']}")
+        if limits.get(scope + "rate") is not None:
+            per = limits[scope + "per_s"]
+            burst = limits.get(scope + "burst")
+            rate = f"{label}rate {limits[scope + 'rate']} per {per:g} s"
+            parts.append(rate + ("" if burst is None else f", burst {burst}"))
+    return f"{queue}: " + ("; ".join(parts) if parts else "no limits")
+
+
+async def _limits(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    given = {name: getattr(args, name) for name in _LIMIT_FLAGS}
+    for scope in ("", "partition_"):
+        rate = getattr(args, scope + "rate")
+        if rate is not None:
+            given[scope + "rate"], given[scope + "per_s"] = rate
+    given = {name: value for name, value in given.items() if value is not None}
+    if not given and not args.clear:  # only show them
+        found = await client.stats(args.queue)
+        limits = found[args.queue]["limits"]
+        return Outcome({"queue": args.queue, "limits": limits}, show_limits(args.queue, limits))
+    limits = await client.set_limits(args.queue, **given)
+    return Outcome({"queue": args.queue, "limits": limits}, show_limits(args.queue, limits))
+
+
+_PERIODS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def _rate(value: str) -> tuple[int, float]:
+    """``N/PERIOD`` (``100/60s``, ``10/s``, ``500/min``, ``5/1.5s``) or ``N`` (per second):
+    the count and the period in seconds."""
+    count_text, _, period = value.partition("/")
+    try:
+        count = int(count_text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected N/PERIOD, e.g. 100/60s") from None
+    period = period.strip() or "s"
+    number = period.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = period[len(number) :] or "s"
+    if unit not in _PERIODS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: unknown unit {unit!r} (use s, min or h, e.g. 100/60s)"
+        )
+    try:
+        seconds = (float(number) if number else 1.0) * _PERIODS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected N/PERIOD, e.g. 100/60s") from None
+    return count, seconds
 
 
 async def _pause(client: Client, args: argparse.Namespace, now: float) -> Outcome:
@@ -497,6 +558,11 @@ def add_admin_commands(commands: Any) -> None:
         metavar="SECONDS",
         help=f"the handler's time limit: past it, it is cancelled and the job retried {per_call}",
     )
+    enqueue.add_argument(
+        "--partition",
+        metavar="KEY",
+        help=f"partition key (a tenant, a customer) for per-key limits and fair turns {per_call}",
+    )
     connection_args(enqueue)
 
     job = _command(commands, "job", "show one job", _job)
@@ -550,6 +616,49 @@ def add_admin_commands(commands: Any) -> None:
     )
     connection_args(redrive)
     redrive.set_defaults(run=lambda args: _redrive_run(redrive, args))
+
+    limits = _command(
+        commands,
+        "limits",
+        "show or set a queue's flow-control limits (setting replaces them all)",
+        _limits,
+    )
+    limits.add_argument("queue")
+    limits.add_argument(
+        "--concurrency", type=int, metavar="N", help=f"at most N running at once {per_call}"
+    )
+    limits.add_argument(
+        "--rate",
+        type=_rate,
+        metavar="N/PERIOD",
+        help=f"at most N claims per PERIOD, e.g. 100/60s {per_call}",
+    )
+    limits.add_argument("--burst", type=int, metavar="N", help=f"of the rate, N at once {per_call}")
+    limits.add_argument(
+        "--partition-concurrency",
+        dest="partition_concurrency",
+        type=int,
+        metavar="N",
+        help=f"at most N running at once per partition key {per_call}",
+    )
+    limits.add_argument(
+        "--partition-rate",
+        dest="partition_rate",
+        type=_rate,
+        metavar="N/PERIOD",
+        help=f"at most N claims per PERIOD per partition key {per_call}",
+    )
+    limits.add_argument(
+        "--partition-burst",
+        dest="partition_burst",
+        type=int,
+        metavar="N",
+        help=f"of the per-key rate, N at once {per_call}",
+    )
+    limits.add_argument(
+        "--clear", action="store_true", help=f"remove every limit of the queue {per_call}"
+    )
+    connection_args(limits)
 
     purge = _command(commands, "purge", "delete the dead letters of a queue", _purge)
     purge.add_argument("queue")

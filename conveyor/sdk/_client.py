@@ -200,10 +200,13 @@ class Client:
         backoff_base_s: float | None = None,
         key: str | None = None,
         timeout_s: float | None = None,
+        partition: str | None = None,
     ) -> str:
         """Store one job; return its id. Options as in ``docs/contract.md`` (ENQ-2 to
         ENQ-9); ``None``: not set. ``timeout_s``: the handler's time limit for this job,
         in seconds (it wins over the handler's and the queue's: ``docs/worker.md``).
+        ``partition``: the job's partition key (a tenant, a customer), for the queue's
+        per-key limits and fair turns (FLW-3, FLW-5).
 
         Without a ``key`` the SDK makes one, so that a request resent after a lost reply
         is stored once. Enqueues made concurrently (tasks, or a ``SyncClient``'s threads)
@@ -233,6 +236,8 @@ class Client:
             job["backoff_base_s"] = _finite("backoff_base_s", backoff_base_s)
         if timeout_s is not None:
             job["timeout_s"] = _finite("timeout_s", timeout_s)
+        if partition is not None:
+            job["partition"] = partition
         if len(encoded) > EACH_BYTES:
             # A large payload goes alone, as plain `enqueue`: its frame stays as small as
             # it can be under the broker's frame limit.
@@ -254,6 +259,7 @@ class Client:
         max_attempts: int | None = None,
         backoff_base_s: float | None = None,
         timeout_s: float | None = None,
+        partition: str | None = None,
     ) -> list[str]:
         """Store many jobs with the same options; return their ids in order.
 
@@ -273,6 +279,7 @@ class Client:
             max_attempts=max_attempts,
             backoff_base_s=backoff_base_s,
             timeout_s=timeout_s,
+            partition=partition,
         )
         jobs = [
             {"payload": _payload(p, f"jobs[{i}].payload"), "key": _auto_key(), **options}
@@ -364,8 +371,10 @@ class Client:
 
     async def stats(self, queue: str | None = None) -> dict[str, dict[str, Any]]:
         """Counts per queue: ``{name: {ready, scheduled, processing, dead, paused,
-        oldest_ready_at, totals}}``; ``oldest_ready_at`` is the earliest ready time of a
-        ready job (epoch seconds, broker clock), ``None`` when none is ready."""
+        oldest_ready_at, totals, limited, partitions, backoff_until, limits}}``;
+        ``oldest_ready_at`` is the earliest ready time of a ready job (epoch seconds,
+        broker clock), ``None`` when none is ready; ``limited`` how many ready jobs wait
+        on a flow-control limit (docs/protocol.md, ``stats``)."""
         queues: dict[str, dict[str, Any]] = (await self._call("stats", **_options(queue=queue)))[
             "queues"
         ]
@@ -380,6 +389,37 @@ class Client:
     async def resume(self, queue: str) -> None:
         """Hand out jobs of ``queue`` again."""
         await self._call("resume", queue=queue)
+
+    async def set_limits(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        rate: int | None = None,
+        per_s: float = 1.0,
+        burst: int | None = None,
+        partition_concurrency: int | None = None,
+        partition_rate: int | None = None,
+        partition_per_s: float = 1.0,
+        partition_burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Replace all of ``queue``'s flow-control limits (``docs/contract.md``, FLW-1);
+        ``None``: no such limit, so ``set_limits(queue)`` clears them. ``rate`` claims per
+        ``per_s`` seconds, ``burst`` of them at once (1 when not set); the ``partition_``
+        ones hold each partition key on its own. Returns the limits now in force. Raises
+        ``InvalidArgument`` naming the field of a bad one (nothing changes)."""
+        options = _options(
+            concurrency=concurrency,
+            rate=rate,
+            per_s=per_s,
+            burst=burst,
+            partition_concurrency=partition_concurrency,
+            partition_rate=partition_rate,
+            partition_per_s=partition_per_s,
+            partition_burst=partition_burst,
+        )
+        limits: dict[str, Any] = (await self._call("set_limits", queue=queue, **options))["limits"]
+        return limits
 
     async def redrive(self, job_id: str) -> bool:
         """Put a dead job back to pending with its attempts reset."""
@@ -515,6 +555,11 @@ class SyncClient:
 
     def redrive(self, job_id: str) -> bool:
         return bool(self._run(self._c.redrive, job_id))
+
+    def set_limits(self, queue: str, **limits: Any) -> dict[str, Any]:
+        """``Client.set_limits``, blocking."""
+        found: dict[str, Any] = self._run(self._c.set_limits, queue, **limits)
+        return found
 
     def purge_dead(self, queue: str) -> int:
         purged: int = self._run(self._c.purge_dead, queue)

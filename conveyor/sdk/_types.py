@@ -9,7 +9,7 @@ from typing import Any
 
 from ._errors import InvalidArgument
 
-__all__ = ["Fail", "Job", "JobInfo", "JobPage", "Retry"]
+__all__ = ["Fail", "Job", "JobInfo", "JobPage", "RateLimited", "Retry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,7 @@ class JobInfo:
     died_at: float | None
     key: str | None
     timeout_s: float | None = None  # the job's own time limit (seconds), if it has one
+    partition: str | None = None  # the job's partition key for flow control, if it has one
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:
@@ -70,7 +71,8 @@ class Job:
     seconds). The worker heartbeats running jobs by itself; ``await job.heartbeat()``
     extends the lease at once and answers whether it still held. ``timeout_s`` is the
     job's own time limit, given at enqueue (``None``: not set; the handler's or the
-    queue's limit, if any, applies: ``docs/worker.md``).
+    queue's limit, if any, applies: ``docs/worker.md``). ``partition`` is the job's
+    partition key for flow control (``None``: none).
     """
 
     id: str
@@ -84,10 +86,23 @@ class Job:
     visibility_timeout_s: float
     _heartbeat: Callable[[], Awaitable[bool]] = field(repr=False, compare=False)
     timeout_s: float | None = None
+    partition: str | None = None
 
     async def heartbeat(self) -> bool:
         """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""
         return await self._heartbeat()
+
+
+def _check_delay(delay_s: Any) -> None:
+    if (
+        isinstance(delay_s, bool)
+        or not isinstance(delay_s, int | float)
+        or not math.isfinite(delay_s)
+        or delay_s < 0
+    ):
+        raise InvalidArgument(
+            f"delay_s: must be a finite number >= 0, got {delay_s!r}", field="delay_s"
+        )
 
 
 class Retry(Exception):
@@ -97,15 +112,8 @@ class Retry(Exception):
         """Raises ``InvalidArgument`` for a ``delay_s`` that is not a finite number >= 0
         (an infinity would reach the broker as "no delay given"); the worker then retries
         the job on the queue's curve with that error as the job's error."""
-        if delay_s is not None and (
-            isinstance(delay_s, bool)
-            or not isinstance(delay_s, int | float)
-            or not math.isfinite(delay_s)
-            or delay_s < 0
-        ):
-            raise InvalidArgument(
-                f"delay_s: must be a finite number >= 0, got {delay_s!r}", field="delay_s"
-            )
+        if delay_s is not None:
+            _check_delay(delay_s)
         super().__init__(error or "retry")
         self.delay_s = delay_s
         self.error = error
@@ -117,3 +125,25 @@ class Fail(Exception):
     def __init__(self, error: str | None = None) -> None:
         super().__init__(error or "failed")
         self.error = error
+
+
+class RateLimited(Exception):
+    """Raise from a handler when upstream said "slow down" (an HTTP 429): the job goes
+    back to ready without spending an attempt, and the broker hands out nothing more of
+    ``key`` for ``delay_s`` seconds (``docs/contract.md``, FLW-6).
+
+    ``key`` is a partition key; ``None`` means the job's own (its queue's, when it has
+    none). ``queue=True`` holds the whole queue instead. Raises ``InvalidArgument`` for a
+    ``delay_s`` that is not a finite number >= 0.
+    """
+
+    def __init__(self, delay_s: float, key: str | None = None, *, queue: bool = False) -> None:
+        _check_delay(delay_s)
+        if key is not None and not isinstance(key, str):
+            raise InvalidArgument(
+                f"key: must be a string or None, got {type(key).__name__}", field="key"
+            )
+        super().__init__(f"rate limited for {delay_s} s")
+        self.delay_s = delay_s
+        self.key = key
+        self.queue = queue

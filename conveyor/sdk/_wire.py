@@ -230,6 +230,8 @@ class Op(StrEnum):
     REDRIVE_ALL = "redrive_all"
     PURGE_DEAD = "purge_dead"
     SWEEP = "sweep"
+    SET_LIMITS = "set_limits"
+    BACK_OFF = "back_off"
     WATCH = "watch"
 
 
@@ -561,7 +563,23 @@ _JOB_OPTIONS = (
     Field("key", Kind.STRING),
     # The handler's time limit for this job, carried in its push (docs/worker.md).
     Field("timeout_s", Kind.NUMBER),
+    # The job's partition key for flow control (docs/contract.md, FLW-3).
+    Field("partition", Kind.STRING),
 )
+# A queue's flow-control limits (docs/contract.md, FLW-1), flat in ``set_limits``: an
+# absent count means no such limit, an absent period one second.
+_LIMITS = (
+    Field("concurrency", Kind.INTEGER),
+    Field("rate", Kind.INTEGER),
+    Field("per_s", Kind.NUMBER, default=1.0),
+    Field("burst", Kind.INTEGER),
+    Field("partition_concurrency", Kind.INTEGER),
+    Field("partition_rate", Kind.INTEGER),
+    Field("partition_per_s", Kind.NUMBER, default=1.0),
+    Field("partition_burst", Kind.INTEGER),
+)
+#: ``back_off``'s ``scope``: the job's partition key (or the one named), or its queue.
+BACK_OFF_SCOPES: Final = ("partition", "queue")
 _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
 
 _SPECS = (
@@ -650,6 +668,18 @@ _SPECS = (
     OpSpec(Op.REDRIVE_ALL, _ADMIN, (_QUEUE,)),
     OpSpec(Op.PURGE_DEAD, _ADMIN, (_QUEUE,)),
     OpSpec(Op.SWEEP, _ADMIN, ()),
+    OpSpec(Op.SET_LIMITS, _ADMIN, (_QUEUE, *_LIMITS)),
+    OpSpec(
+        Op.BACK_OFF,
+        _WORKING,
+        (
+            _ID,
+            _LEASE,
+            Field("delay_s", Kind.NUMBER, required=True),
+            Field("partition", Kind.STRING),
+            Field("scope", Kind.STRING, default="partition"),
+        ),
+    ),
     OpSpec(
         Op.WATCH,
         frozenset({_R, _A}),
@@ -1023,6 +1053,8 @@ class JobSnapshot(Protocol):
     def key(self) -> str | None: ...
     @property
     def timeout_s(self) -> float | None: ...
+    @property
+    def partition(self) -> str | None: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1048,6 +1080,8 @@ class ClaimSnapshot(Protocol):
     def visibility_timeout_s(self) -> float: ...
     @property
     def timeout_s(self) -> float | None: ...
+    @property
+    def partition(self) -> str | None: ...
 
 
 #: The members of a job object in a ``get_job`` reply, in order (docs/protocol.md, "get_job").
@@ -1073,6 +1107,7 @@ JOB_INFO_FIELDS: Final = (
     "died_at",
     "key",
     "timeout_s",
+    "partition",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1087,6 +1122,7 @@ PUSHED_JOB_FIELDS: Final = (
     "priority",
     "visibility_timeout_s",
     "timeout_s",
+    "partition",
 )
 
 
@@ -1128,6 +1164,7 @@ def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
         "died_at": job.died_at,
         "key": job.key,
         "timeout_s": job.timeout_s,
+        "partition": job.partition,
     }
 
 
@@ -1148,6 +1185,7 @@ def pushed_job(claim: ClaimSnapshot) -> dict[str, Any]:
         "priority": claim.priority,
         "visibility_timeout_s": claim.visibility_timeout_s,
         "timeout_s": claim.timeout_s,
+        "partition": claim.partition,
     }
 
 

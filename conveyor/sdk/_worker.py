@@ -11,6 +11,9 @@ reported when its handler ends:
 * it raises ``Retry(delay_s, error)``: ``retry`` (the broker's backoff curve when
   ``delay_s`` is ``None``);
 * it raises ``Fail(error)``: ``fail`` (dead-lettered at once);
+* it raises ``RateLimited(delay_s, key)``: ``back_off`` (the job is ready again, its
+  attempt not spent, and nothing of that partition key, or of the queue, is pushed for
+  ``delay_s`` seconds);
 * it raises anything else: ``retry`` with the error ``"<Type>: <message>"``;
 * the broker cancels the job (a ``cancelled`` push): the handler is cancelled and
   nothing is reported (the job is gone);
@@ -60,7 +63,7 @@ import anyio
 from ._errors import ConveyorError, InvalidArgument, Unavailable
 from ._session import Session
 from ._tasks import TaskMaker
-from ._types import Fail, Job, Retry
+from ._types import Fail, Job, RateLimited, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
 
 __all__ = ["Handler", "Worker"]
@@ -476,6 +479,7 @@ class Worker:
             visibility_timeout_s=data.get("visibility_timeout_s", 300.0),
             _heartbeat=heartbeat,
             timeout_s=data.get("timeout_s"),
+            partition=data.get("partition"),
         )
 
     # -- one job --------------------------------------------------------------------------
@@ -546,6 +550,21 @@ class Worker:
             if timed:
                 self._log_retry(_INFO, job, loop.time() - started, retry.error or "retry",
                                 retry.delay_s)  # fmt: skip
+        except RateLimited as limited:
+            outcome = (
+                "back_off",
+                {
+                    "delay_s": limited.delay_s,
+                    "partition": limited.key,
+                    "scope": "queue" if limited.queue else None,
+                },
+            )
+            if timed:
+                jobs_log.info(
+                    "job %s %s rate limited: %s held for %s", job.id, queue,
+                    _held_scope(limited, job),
+                    _took(limited.delay_s),
+                )  # fmt: skip
         except Fail as fail:
             outcome = ("fail", {"error": fail.error})
             if jobs_log.isEnabledFor(_WARNING):
@@ -750,6 +769,12 @@ class Worker:
             return
         if not reply.get("landed"):
             log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _held_scope(limited: RateLimited, job: Job) -> str:
+    """What a back-off holds, for the log: a partition key, or the queue."""
+    key = limited.key or job.partition
+    return "the queue" if limited.queue or key is None else repr(key)
 
 
 def _took(seconds: float) -> str:

@@ -104,17 +104,55 @@ def test_stats_prints_a_table_whose_columns_fit(broker_process: str) -> None:
     assert len(lines) == 2
     head, row = lines
     assert head.split() == [
-        "QUEUE", "READY", "SCHEDULED", "PROCESSING", "DEAD", "PAUSED", "OLDEST", "READY",
-        "ENQUEUED", "COMPLETED",
+        "QUEUE", "READY", "SCHEDULED", "PROCESSING", "LIMITED", "DEAD", "PAUSED", "OLDEST",
+        "READY", "ENQUEUED", "COMPLETED",
     ]  # fmt: skip
     # The queue's column is as wide as its name; numbers end under their headings.
     assert head.startswith(f"QUEUE{' ' * (len(queue) - 5)}  READY")
     assert row.startswith(f"{queue}     12          1")
-    assert row.split()[5] == "no"
+    assert row.split()[6] == "no"
     # Every queue, by name, without --queue.
     every = text("stats", "--url", url).splitlines()
     assert any(line.startswith(f"{queue} ") for line in every)
     assert every[1:] == sorted(every[1:])
+
+
+def test_limits_sets_shows_and_clears_a_queues_limits(broker_process: str) -> None:
+    url, queue = broker_process, queue_name()
+    unknown = run("limits", queue, "--url", url)
+    assert unknown.returncode == 1 and "no queue named" in unknown.stderr
+    said = text(
+        "limits", queue, "--concurrency", "10", "--rate", "100/min", "--burst", "5",
+        "--partition-concurrency", "2", "--url", url,
+    )  # fmt: skip
+    assert said == (
+        f"{queue}: concurrency 10; rate 100 per 60 s, burst 5; per key: concurrency 2\n"
+    )
+    shown = as_json("limits", queue, "--url", url)
+    assert shown["limits"]["rate"] == 100 and shown["limits"]["per_s"] == 60
+    # Setting replaces every limit: what is not given is gone.
+    as_json("limits", queue, "--partition-rate", "3/1.5s", "--url", url)
+    limits = as_json("stats", "--queue", queue, "--url", url)[queue]["limits"]
+    assert (limits["concurrency"], limits["partition_rate"], limits["partition_per_s"]) == (
+        None,
+        3,
+        1.5,
+    )
+    assert text("limits", queue, "--clear", "--url", url) == f"{queue}: no limits\n"
+
+
+def test_limits_names_a_bad_value(broker_process: str) -> None:
+    done = run("limits", queue_name(), "--concurrency", "0", "--url", broker_process)
+    assert done.returncode != 0
+    assert "concurrency" in done.stderr and "Traceback" not in done.stderr
+    done = run("limits", queue_name(), "--rate", "ten/s", "--url", broker_process)
+    assert done.returncode == 2 and "N/PERIOD" in done.stderr
+
+
+def test_enqueue_takes_a_partition(broker_process: str) -> None:
+    url, queue = broker_process, queue_name()
+    job_id = as_json("enqueue", queue, "{}", "--partition", "acme", "--url", url)["id"]
+    assert as_json("job", job_id, "--url", url)["partition"] == "acme"
 
 
 def test_stats_json_keeps_its_shape(broker_process: str) -> None:
@@ -232,7 +270,7 @@ def test_pause_and_resume_a_queue(broker_process: str) -> None:
     as_json("enqueue", queue, "1", "--url", url)
     assert text("pause", queue, "--url", url) == f"paused {queue}\n"
     assert as_json("stats", "--queue", queue, "--url", url)[queue]["paused"] is True
-    assert text("stats", "--queue", queue, "--url", url).splitlines()[1].split()[5] == "yes"
+    assert text("stats", "--queue", queue, "--url", url).splitlines()[1].split()[6] == "yes"
     assert as_json("resume", queue, "--url", url) == {"queue": queue, "paused": False}
     assert as_json("stats", "--queue", queue, "--url", url)[queue]["paused"] is False
     assert as_json("pause", queue, "--url", url) == {"queue": queue, "paused": True}
@@ -504,7 +542,10 @@ def test_per_call_options_are_only_the_requests_own() -> None:
     assert per_call == {
         ("enqueue", "--priority"), ("enqueue", "--delay"), ("enqueue", "--run-at"),
         ("enqueue", "--expires"), ("enqueue", "--max-attempts"), ("enqueue", "--key"),
-        ("enqueue", "--time-limit"),
+        ("enqueue", "--time-limit"), ("enqueue", "--partition"),
+        ("limits", "--concurrency"), ("limits", "--rate"), ("limits", "--burst"),
+        ("limits", "--partition-concurrency"), ("limits", "--partition-rate"),
+        ("limits", "--partition-burst"), ("limits", "--clear"),
         ("jobs", "--state"), ("jobs", "--search"), ("jobs", "--cursor"),
         ("dead", "--cursor"), ("stats", "--queue"), ("redrive", "--all"),
     }  # fmt: skip

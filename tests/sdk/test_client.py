@@ -156,6 +156,19 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
             "expired": 0,
             "cancelled": 0,
         },
+        "limited": 0,
+        "partitions": 0,
+        "backoff_until": None,
+        "limits": {
+            "concurrency": None,
+            "rate": None,
+            "per_s": 1.0,
+            "burst": None,
+            "partition_concurrency": None,
+            "partition_rate": None,
+            "partition_per_s": 1.0,
+            "partition_burst": None,
+        },
     }
     assert list(await client.stats("s2")) == ["s2"]
     assert (await client.stats("s2"))["s2"]["scheduled"] == 1

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from conveyor.broker.engine import JobTable, QueueOpts, QueueStats
+from conveyor.broker.engine import JobTable, Limits, QueueOpts, QueueStats
 from conveyor.broker.metrics import Metrics, escape_label_value, render_table
 
 TOTALS = ("enqueued", "completed", "retried", "dead_lettered", "expired", "cancelled")
@@ -56,6 +56,12 @@ def busy_table() -> JobTable:
     assert table.cancel(q.enqueue("gone"))
     table.queue("empty").pause()
     table.queue("x")
+    # A limited queue: one slot, held, so its other ready jobs wait on the limit.
+    limited = table.queue("limited")
+    limited.set_limits(Limits(concurrency=1, rate=30, per_s=60.0))
+    for i in range(3):
+        limited.enqueue(i, partition=f"k{i}")
+    assert limited.claim_one("w")
     return table
 
 
@@ -78,6 +84,17 @@ class ReferenceCollector(Collector):
             "Seconds the oldest ready job of a queue has waited since it became ready (0: none).",
             labels=["queue"],
         )
+        limited = GaugeMetricFamily(
+            "conveyor_queue_limited_jobs",
+            "Ready jobs of a queue held back by a flow-control limit or back-off.",
+            labels=["queue"],
+        )
+        limit = GaugeMetricFamily(
+            "conveyor_queue_limit",
+            "A queue's flow-control limit, by name (only the limits set; rates per their "
+            "period).",
+            labels=["queue", "limit"],
+        )
         totals = {
             name: CounterMetricFamily(
                 f"conveyor_jobs_{name}", f"Jobs {name} since the broker started.", labels=["queue"]
@@ -91,6 +108,9 @@ class ReferenceCollector(Collector):
             paused.add_metric([name], 1.0 if stats.paused else 0.0)
             oldest = stats.oldest_ready_at
             ages.add_metric([name], 0.0 if oldest is None else self.now - oldest)
+            limited.add_metric([name], stats.limited)
+            for field, value in stats.limits.given().items():
+                limit.add_metric([name, field], value)
             t = stats.totals
             values = (t.enqueued, t.completed, t.retried, t.dead, t.expired, t.cancelled)
             for total, value in zip(TOTALS, values, strict=True):
@@ -98,6 +118,8 @@ class ReferenceCollector(Collector):
         yield jobs
         yield paused
         yield ages
+        yield limited
+        yield limit
         yield from totals.values()
         yield GaugeMetricFamily(
             "conveyor_workers_connected", "Subscribed worker connections.", value=self.workers
@@ -140,6 +162,15 @@ def test_the_table_families_parse_to_what_prometheus_client_writes() -> None:
     states = ("ready", "scheduled", "processing", "dead")
     assert [jobs["mail.out_eu-1:hi", state] for state in states] == [2, 1, 1, 2]
     assert ("conveyor_queue_paused", {"queue": "empty"}, 1.0) in by_name["conveyor_queue_paused"]
+    assert ("conveyor_queue_limited_jobs", {"queue": "limited"}, 2.0) in by_name[
+        "conveyor_queue_limited_jobs"
+    ]
+    limits = {
+        labels["limit"]: value
+        for _, labels, value in by_name["conveyor_queue_limit"]
+        if labels["queue"] == "limited"
+    }
+    assert limits == {"concurrency": 1.0, "rate": 30.0, "per_s": 60.0}
 
 
 def test_each_family_has_one_help_and_one_type_line_in_the_whole_body() -> None:

@@ -62,6 +62,8 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("redrive_all", {"queue": "q"}),
     ("purge_dead", {"queue": "q"}),
     ("sweep", {}),
+    ("set_limits", {"queue": "q", "concurrency": 5}),
+    ("back_off", {"id": "x", "lease": "y", "delay_s": 1}),
     ("watch", {}),
 ]
 
@@ -86,6 +88,7 @@ ALLOWED = {
         "heartbeat",
         "ack_batch",
         "heartbeat_batch",
+        "back_off",
         "get_job",
     },
     Role.READ: {"get_job", "stats", "list_jobs", "watch"},

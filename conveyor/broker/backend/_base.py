@@ -261,6 +261,11 @@ class Claimed(Protocol):
         ...
 
     @property
+    def partition(self) -> str | None:
+        """The job's partition key (FLW-3), ``None`` for none."""
+        ...
+
+    @property
     def ready_since(self) -> float:
         """When the job became claimable for this claim: its ready time, or its enqueue."""
         ...

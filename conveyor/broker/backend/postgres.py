@@ -414,6 +414,7 @@ class _Claimed:
     visibility_timeout_s: float
     ready_since: float
     timeout_s: float | None
+    partition: str | None = None
 
 
 class _Call(Generic[T]):

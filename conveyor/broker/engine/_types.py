@@ -80,6 +80,15 @@ class Limits:
             and self.partition_rate is None
         )
 
+    def given(self) -> dict[str, int | float]:
+        """The limits set, by name; a period only with its rate."""
+        found = {name: value for name, value in self.as_dict().items() if value is not None}
+        if self.rate is None:
+            del found["per_s"]
+        if self.partition_rate is None:
+            del found["partition_per_s"]
+        return found
+
     def as_dict(self) -> dict[str, int | float | None]:
         """The fields by name (the wire's and the TOML file's names)."""
         return {name: getattr(self, name) for name in LIMIT_FIELDS}
