@@ -77,9 +77,7 @@ async def test_a_thousand_jobs_over_fifty_keys_hold_both_limits_at_every_instant
         for w in workers:
             w.stop()
         await asyncio.gather(*tasks)
-    assert len(seen.order) == 1000 and Counter(seen.order) == Counter(
-        {k: 20 for k in keys}
-    )
+    assert len(seen.order) == 1000 and Counter(seen.order) == Counter({k: 20 for k in keys})
     assert seen.peak <= 20
     assert max(seen.peak_per_key.values()) <= 2
     # The limits were what held the work back, not a lack of workers: 48 slots of

@@ -91,8 +91,7 @@ class ReferenceCollector(Collector):
         )
         limit = GaugeMetricFamily(
             "conveyor_queue_limit",
-            "A queue's flow-control limit, by name (only the limits set; rates per their "
-            "period).",
+            "A queue's flow-control limit, by name (only the limits set; rates per their period).",
             labels=["queue", "limit"],
         )
         totals = {
