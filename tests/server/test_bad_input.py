@@ -205,6 +205,63 @@ BAD_INPUT: dict[str, tuple[str | bytes, str, str | None, Any]] = {
     ),
     "protocol 2": (request("hello", protocol=2), "unsupported_version", "protocol", 1),
     "client name too long": (request("hello", client="c" * 257), "invalid_argument", "client", 1),
+    # Flow control.
+    "limit zero": (
+        request("set_limits", queue="q", concurrency=0),
+        "invalid_argument",
+        "concurrency",
+        1,
+    ),
+    "limit not an integer": (
+        request("set_limits", queue="q", rate="100/min"),
+        "invalid_argument",
+        "rate",
+        1,
+    ),
+    "limit period zero": (
+        request("set_limits", queue="q", rate=5, per_s=0),
+        "invalid_argument",
+        "per_s",
+        1,
+    ),
+    "burst without rate": (
+        request("set_limits", queue="q", partition_burst=2),
+        "invalid_argument",
+        "partition_burst",
+        1,
+    ),
+    "limit misspelt": (
+        request("set_limits", queue="q", concurency=2),
+        "invalid_argument",
+        "concurency",
+        1,
+    ),
+    "limits of a bad queue": (
+        request("set_limits", queue="a b", concurrency=2),
+        "invalid_argument",
+        "queue",
+        1,
+    ),
+    "partition too long": (enqueue(partition="p" * 1025), "invalid_argument", "partition", 1),
+    "partition not a string": (enqueue(partition=7), "invalid_argument", "partition", 1),
+    "back off without delay": (
+        request("back_off", id="x", lease="y"),
+        "invalid_argument",
+        "delay_s",
+        1,
+    ),
+    "back off negative": (
+        request("back_off", id="x", lease="y", delay_s=-1),
+        "invalid_argument",
+        "delay_s",
+        1,
+    ),
+    "back off bad scope": (
+        request("back_off", id="x", lease="y", delay_s=1, scope="all"),
+        "invalid_argument",
+        "scope",
+        1,
+    ),
     # Limits.
     "payload too large": (enqueue(payload="x" * 2000), "too_large", "payload", 1),
     "batch payload too large": (

@@ -150,6 +150,9 @@ async def test_a_signal_closes_clients_with_1001_and_exits_0(sig: int) -> None:
         ([], {}, "[queues.emails]\nvisibility_timeout = 60\n", ["emails", "visibility_timeout"]),
         ([], {}, "[queues.emails]\nmax_attempts = 0\n", ["emails", "max_attempts"]),
         ([], {}, "[queues.emails\n", ["not valid TOML"]),
+        ([], {}, "[queues.api]\nconcurrency = 0\n", ["api", "concurrency"]),
+        ([], {}, "[queues.api]\nburst = 5\n", ["api", "burst", "rate"]),
+        ([], {}, '[queues.api]\nrate = "100/min"\n', ["api", "rate"]),
         ([], {"CONVEYOR_LOOP": "trio"}, None, ["loop: must be auto, uvloop or asyncio", "trio"]),
     ],
     ids=[
@@ -159,6 +162,9 @@ async def test_a_signal_closes_clients_with_1001_and_exits_0(sig: int) -> None:
         "unknown option",
         "option range",
         "bad toml",
+        "limit range",
+        "burst without rate",
+        "limit type",
         "env loop",
     ],
 )
@@ -224,6 +230,29 @@ async def test_per_queue_options_from_a_toml_file_take_effect(tmp_path: Path, ho
         await worker.call("subscribe", worker_id="w", queues=["emails"], prefetch=1)
         [pushed] = await worker.jobs(1)
         assert (pushed["id"], pushed["visibility_timeout_s"]) == (emails, 42.5)
+        code, _, _ = await served.stop()
+    assert code == 0
+
+
+async def test_limits_from_the_toml_file_hold_from_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "queues.toml"
+    path.write_text(
+        "[queues.api]\nmax_attempts = 4\nconcurrency = 1\nrate = 100\nper_s = 60\n"
+        "partition_concurrency = 1\n"
+    )
+    async with serving("--queues", str(path)) as served:
+        conn = RawClient(await connect(served.url))
+        stats = (await conn.call("stats", queue="api"))["queues"]["api"]
+        assert stats["limits"]["concurrency"] == 1
+        assert (stats["limits"]["rate"], stats["limits"]["per_s"]) == (100, 60)
+        for i in range(2):
+            await conn.call("enqueue", queue="api", payload=i)
+        worker = RawClient(await connect(served.url))
+        await worker.call("subscribe", worker_id="w", queues=["api"], prefetch=5)
+        [pushed] = await worker.jobs(1)  # one slot: the other job waits on it
+        assert pushed["max_attempts"] == 4
+        stats = (await conn.call("stats", queue="api"))["queues"]["api"]
+        assert (stats["processing"], stats["ready"], stats["limited"]) == (1, 1, 1)
         code, _, _ = await served.stop()
     assert code == 0
 
