@@ -426,6 +426,7 @@ function queueRow(name) {
     cell("ready", "num"),
     cell("scheduled", "num"),
     cell("processing", "num"),
+    cell("limited", "num"),
     cell("dead", "num"),
     cell("oldest_ready", "num"),
     cell("paused", "state"),
@@ -443,6 +444,7 @@ function queueRow(name) {
     title: "Show this queue's dead letters",
     onclick: () => chooseDeadQueue(name, true),
   });
+  cells.limited.dataset.testid = `limited-${name}`;
   cells.dead.append(showDead);
   cells.showDead = showDead;
   const pill = el("span", { class: "pill" });
@@ -505,6 +507,7 @@ function renderQueues(queues, at) {
     setText(c.ready, fmtCount(q.ready));
     setText(c.scheduled, fmtCount(q.scheduled));
     setText(c.processing, fmtCount(q.processing));
+    renderLimitedCell(c.limited, q, at);
     setText(c.showDead, fmtCount(q.dead));
     c.dead.classList.toggle("has-dead", q.dead > 0);
     setText(c.oldest_ready, fmtOldestReady(q, at));
@@ -529,6 +532,60 @@ function renderQueues(queues, at) {
   }
   $("queues-empty").hidden = names.length > 0;
   $("queues-table").hidden = names.length === 0;
+}
+
+// Ready jobs held back by a flow-control limit, with the limits (and any back-off of the
+// whole queue) in the tooltip.
+function renderLimitedCell(node, q, at) {
+  const limited = typeof q.limited === "number" ? q.limited : 0;
+  const until = backedOffUntil(q, at);
+  setText(node, until === null ? fmtCount(q.limited) : `${fmtCount(q.limited)} · backed off until ${fmtTime(until)}`);
+  node.classList.toggle("has-limited", limited > 0);
+  node.classList.toggle("backed-off", until !== null);
+  const parts = [fmtLimits(q.limits)];
+  if (until !== null) parts.push(`backed off until ${fmtTime(until)}`);
+  const title = parts.join("; ");
+  if (node.title !== title) node.title = title;
+}
+
+// When a back-off of the whole queue ends, or null when none holds it now.
+function backedOffUntil(q, at) {
+  const t = q.backoff_until;
+  return typeof t === "number" && Number.isFinite(t) && t > at ? t : null;
+}
+
+function fmtNumber(n) {
+  return Number.isInteger(n) ? integer.format(n) : String(n);
+}
+
+// One set of limits (the queue's, or each key's) in words: "10 at once", "100 per 60 s (burst 5)".
+function limitParts(l, prefix) {
+  const parts = [];
+  const at = l[`${prefix}concurrency`];
+  const rate = l[`${prefix}rate`];
+  if (typeof at === "number") parts.push(`${fmtCount(at)} at once`);
+  if (typeof rate === "number") {
+    const per = typeof l[`${prefix}per_s`] === "number" ? l[`${prefix}per_s`] : 1;
+    const burst = l[`${prefix}burst`];
+    let text = `${fmtCount(rate)} per ${fmtNumber(per)} s`;
+    if (typeof burst === "number") text += ` (burst ${fmtCount(burst)})`;
+    parts.push(text);
+  }
+  return parts;
+}
+
+function hasLimits(limits) {
+  if (!limits || typeof limits !== "object") return false;
+  return ["concurrency", "rate", "partition_concurrency", "partition_rate"].some((k) => typeof limits[k] === "number");
+}
+
+// A queue's limits in words: "10 at once · 100 per 60 s (burst 5) · per key: 2 at once".
+function fmtLimits(limits) {
+  if (!hasLimits(limits)) return "No limits";
+  const parts = limitParts(limits, "");
+  const perKey = limitParts(limits, "partition_");
+  if (perKey.length) parts.push(`per key: ${perKey.join(", ")}`);
+  return parts.join(" · ");
 }
 
 // The age of the queue's oldest ready job: its latency. The broker's stats carry
@@ -606,6 +663,7 @@ function openQueue(name) {
   const again = state.queue === name;
   state.queue = name;
   queueDetail = null;
+  limitsForm.queue = null; // filled afresh from the queue's limits
   $("queue-card").hidden = false;
   if (!again) openJobs();
   if (state.last) renderQueueDetail(state.last.queues || {}, state.last.at);
@@ -615,6 +673,7 @@ function openQueue(name) {
 function closeQueue() {
   state.queue = null;
   queueDetail = null;
+  limitsForm.queue = null;
   closeJobs();
   $("queue-card").hidden = true;
 }
@@ -665,7 +724,99 @@ function renderQueueDetail(queues, at) {
   const hour = drawHour(queueDetail.bars, name, at);
   const lastHour = q.last_hour || hour;
   setText($("queue-hour-total"), `${fmtCount(lastHour.completed)} completed, ${fmtCount(lastHour.failed)} failed`);
+  renderLimits(name, q, at);
   jobsOnCounts(q);
+}
+
+// -- one queue's limits -------------------------------------------------------------------
+//
+// The panel says the limits in words; with the admin role a form edits them (set_limits,
+// which replaces them all). The inputs follow the snapshots only while the operator is not
+// editing them: not while one has the focus, nor after a change until it is saved, cleared
+// or the queue is opened again.
+
+const LIMIT_FIELDS = [
+  "concurrency",
+  "rate",
+  "per_s",
+  "burst",
+  "partition_concurrency",
+  "partition_rate",
+  "partition_per_s",
+  "partition_burst",
+];
+
+const limitsForm = {
+  queue: null, // the queue the inputs were filled for
+  key: null, // the limits they were filled from
+  dirty: false, // changed by the operator since
+};
+
+function limitInputs() {
+  return LIMIT_FIELDS.map((field) => [field, $(`limit-${field}`)]);
+}
+
+function fillLimits(name, limits) {
+  const l = limits || {};
+  for (const [field, input] of limitInputs()) {
+    let value = l[field];
+    // A period means nothing without its rate (the broker answers 1 for it regardless).
+    if (field === "per_s" && typeof l.rate !== "number") value = null;
+    if (field === "partition_per_s" && typeof l.partition_rate !== "number") value = null;
+    input.value = typeof value === "number" ? String(value) : "";
+  }
+  limitsForm.queue = name;
+  limitsForm.key = JSON.stringify(limits || null);
+  limitsForm.dirty = false;
+}
+
+function renderLimits(name, q, at) {
+  const summary = $("limits-summary");
+  setText(summary, fmtLimits(q.limits));
+  summary.classList.toggle("none", !hasLimits(q.limits));
+  setText($("limits-limited"), fmtCount(q.limited));
+  setText($("limits-partitions"), fmtCount(q.partitions));
+  const until = backedOffUntil(q, at);
+  $("limits-backoff-item").hidden = until === null;
+  setText($("limits-backoff"), until === null ? "" : `until ${fmtTime(until)}`);
+  const form = $("limits-form");
+  const focused = document.activeElement;
+  const editing = limitsForm.dirty || (focused instanceof HTMLInputElement && form.contains(focused));
+  const key = JSON.stringify(q.limits || null);
+  if (limitsForm.queue !== name || (key !== limitsForm.key && !editing)) fillLimits(name, q.limits);
+}
+
+// The filled inputs as set_limits fields, or null (with a notice) when one is not a number.
+function limitsFields(queue) {
+  const fields = { queue };
+  for (const [field, input] of limitInputs()) {
+    if (input.validity.badInput) {
+      notice(`set_limits not sent: ${field}: not a number`, "error");
+      input.focus();
+      return null;
+    }
+    const text = input.value.trim();
+    if (text !== "") fields[field] = Number(text);
+  }
+  return fields;
+}
+
+async function saveLimits(event) {
+  event.preventDefault();
+  const queue = state.queue;
+  if (!queue) return;
+  const fields = limitsFields(queue);
+  if (!fields) return;
+  const reply = await act("set_limits", fields);
+  if (reply && reply.ok && state.queue === queue) fillLimits(queue, reply.limits);
+}
+
+async function clearLimits() {
+  const queue = state.queue;
+  if (!queue) return;
+  const confirmText = `Remove every limit of ${queue}? Its jobs are then handed out as fast as workers take them.`;
+  const reply = await act("set_limits", { queue }, confirmText);
+  if (reply && reply.ok && state.queue === queue) fillLimits(queue, reply.limits);
 }
 
 // -- one queue's jobs, by state -----------------------------------------------------------
@@ -1520,6 +1671,8 @@ const DONE = {
     const more = gone ? ` (${fmtCount(gone)} no longer existed)` : "";
     return `Cancelled ${fmtCount(done)} ${done === 1 ? "job" : "jobs"}${more}.`;
   },
+  set_limits: (f, r) =>
+    hasLimits(r.limits) ? `Limits of ${f.queue}: ${fmtLimits(r.limits)}.` : `${f.queue} has no limits now.`,
   redrive_all: (f, r) => `Redrove ${fmtCount(r.redriven)} dead ${r.redriven === 1 ? "job" : "jobs"} of ${f.queue}.`,
 };
 
@@ -1527,8 +1680,15 @@ async function act(op, fields, confirmText) {
   if (confirmText && !window.confirm(confirmText)) return null;
   const reply = await request(op, fields);
   if (reply.ok) notice(DONE[op] ? DONE[op](fields, reply) : `${op}: done`, "ok");
-  else notice(`${op} refused: ${reply.error.message || reply.error.code}`, "error");
+  else notice(`${op} refused: ${refusal(reply.error)}`, "error");
   return reply;
+}
+
+// The broker's message, naming the field it refused when the message does not.
+function refusal(error) {
+  const message = error.message || error.code;
+  const field = typeof error.field === "string" ? error.field : "";
+  return field && !String(message).startsWith(`${field}:`) ? `${field}: ${message}` : message;
 }
 
 // -- start --------------------------------------------------------------------------------
@@ -1547,6 +1707,11 @@ function start() {
   $("jobs-cancel").addEventListener("click", cancelSelected);
   $("jobs-redrive-all").addEventListener("click", redriveAll);
   $("worker-detail-close").addEventListener("click", closeWorker);
+  $("limits-form").addEventListener("submit", saveLimits);
+  $("limits-clear").addEventListener("click", clearLimits);
+  $("limits-form").addEventListener("input", () => {
+    limitsForm.dirty = true;
+  });
   $("dead-prev").addEventListener("click", () => pageDead(-1));
   $("dead-next").addEventListener("click", () => pageDead(1));
   $("purge-dead").addEventListener("click", () => {
