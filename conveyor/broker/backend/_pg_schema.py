@@ -681,10 +681,12 @@ CREATE TABLE conveyor_parts (
     until float8,
     PRIMARY KEY (queue, name)
 );
--- A key's claim order, and its slots held: partial, so that jobs of no key (and so every
--- queue that uses none) pay for neither.
+-- A key's claim order (the jobs of no key too: their lot takes turns as one more key,
+-- and a walk of the queue's claim order to find its first would pass every keyed row);
+-- a key's slots held, partial so that jobs of no key pay nothing for it. (A query on the
+-- partial one says "partition <> ''" in so many words: the planner proves it from that.)
 CREATE INDEX conveyor_jobs_part_claim ON conveyor_jobs (queue, partition, priority DESC, due, seq)
-    WHERE due IS NOT NULL AND partition <> '';
+    WHERE due IS NOT NULL;
 CREATE INDEX conveyor_jobs_part_held ON conveyor_jobs (queue, partition, deadline)
     WHERE state = 'processing' AND partition <> '';
 """
@@ -776,15 +778,15 @@ BEGIN
         EXIT WHEN NOT FOUND;
         IF c.name <> '' AND lim.partition_concurrency IS NOT NULL THEN
             SELECT count(*) INTO held_p FROM conveyor_jobs j
-            WHERE j.queue = q AND j.partition = c.name AND j.state = 'processing'
-                AND j.deadline > p_now;
+            WHERE j.queue = q AND j.partition = c.name AND j.partition <> ''
+                AND j.state = 'processing' AND j.deadline > p_now;
             held_p := held_p + (SELECT count(*) FROM unnest(keys) k WHERE k = c.name);
             IF held_p >= lim.partition_concurrency THEN
                 blocked := blocked || c.name;
                 wake := least(wake, (
                     SELECT min(j.deadline) FROM conveyor_jobs j
-                    WHERE j.queue = q AND j.partition = c.name AND j.state = 'processing'
-                        AND j.deadline > p_now
+                    WHERE j.queue = q AND j.partition = c.name AND j.partition <> ''
+                        AND j.state = 'processing' AND j.deadline > p_now
                 ));
                 CONTINUE;
             END IF;

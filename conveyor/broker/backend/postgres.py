@@ -418,7 +418,10 @@ _STATS = f"""
 SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.enqueued,
     s.completed, s.retried, s.dead, s.expired, s.cancelled,
     (SELECT min(j.ready_at) FROM conveyor_jobs j
-        WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest
+        WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest,
+    q.flow_until IS NOT NULL OR EXISTS (
+        SELECT 1 FROM conveyor_parts p WHERE p.queue = q.name
+    ) AS flows
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
 WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
@@ -515,8 +518,8 @@ CROSS JOIN LATERAL (
                     * (q.partition_per_s / q.partition_rate))
             OR (q.partition_concurrency IS NOT NULL AND (
                 SELECT count(*) FROM conveyor_jobs j
-                WHERE j.queue = q.name AND j.partition = p.name AND j.state = 'processing'
-                    AND j.deadline > %(now)s
+                WHERE j.queue = q.name AND j.partition = p.name AND j.partition <> ''
+                    AND j.state = 'processing' AND j.deadline > %(now)s
             ) >= q.partition_concurrency)
         ) AS blocked
         FROM conveyor_parts p
@@ -527,9 +530,7 @@ CROSS JOIN LATERAL (
         )
     ) b
 ) k
-WHERE q.name = ANY(%(names)s::text[]) AND (q.flow_until IS NOT NULL OR EXISTS (
-    SELECT 1 FROM conveyor_parts p WHERE p.queue = q.name
-))
+WHERE q.name = ANY(%(names)s::text[])
 """
 
 
@@ -2126,10 +2127,14 @@ class PostgresBackend:
         await self._fold(names)
         cur = await conn.execute(_STATS, {"names": names})
         rows = await cur.fetchall()
-        cur = await conn.execute(
-            _FLOW_STATS, {"now": now, "names": [row[0] for row in rows]}, prepare=False
-        )
-        flows = {row[0]: row for row in await cur.fetchall()}
+        flowing = [row[0] for row in rows if row[13]]
+        flows: dict[str, tuple[Any, ...]] = {}
+        if flowing:
+            # (The planner's guess of its cost is far above what it costs, and JIT
+            # compiling it would cost more than running it.)
+            await conn.execute("SET LOCAL jit = off")
+            cur = await conn.execute(_FLOW_STATS, {"now": now, "names": flowing}, prepare=False)
+            flows = {row[0]: row for row in await cur.fetchall()}
         found = {
             row[0]: QueueStats(
                 ready=row[1] or 0,
