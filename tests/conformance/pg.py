@@ -78,8 +78,8 @@ async def empty(dsn: str) -> None:
         row = await cur.fetchone()
         if row is not None and row[0]:
             await conn.execute(
-                "TRUNCATE conveyor_jobs, conveyor_queues, conveyor_counts, conveyor_meta "
-                "RESTART IDENTITY"
+                "TRUNCATE conveyor_jobs, conveyor_queues, conveyor_counts, conveyor_meta, "
+                "conveyor_parts RESTART IDENTITY"
             )
 
 

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from conveyor.broker.backend import Claim, Enqueue
+from conveyor.broker.backend import BackOff, Claim, Enqueue
 from conveyor.broker.backend._pg_schema import MIGRATIONS, SCHEMA_VERSION
 from conveyor.broker.backend.postgres import PostgresBackend, Unavailable
-from conveyor.broker.engine import JobState, NewJob
+from conveyor.broker.engine import JobState, Limits, NewJob
 from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.broker.store import StoreError
 
@@ -384,3 +384,62 @@ async def test_brokers_on_one_database_hear_each_others_announcements(dsn: str) 
     finally:
         await b.close()
         await a.close()
+
+
+async def test_limits_hold_across_brokers_claiming_at_once_flw_2(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    brokers = [await _open(dsn, clock, seed) for seed in range(3)]
+    try:
+        await brokers[0].set_limits("q", Limits(concurrency=5, partition_concurrency=2))
+        jobs = [Enqueue("q", i, partition=f"k{i % 4}") for i in range(60)]
+        assert all(isinstance(r, str) for r in await brokers[1].enqueue(jobs))
+
+        async def grab(backend: PostgresBackend, worker: str) -> list[tuple[str, str]]:
+            got: list[tuple[str, str]] = []
+            for _ in range(5):
+                (claimed,) = await backend.claim([Claim(worker, ("q",), 2)])
+                got.extend((c.id, c.lease) for c in claimed)
+            return got
+
+        takers = [grab(b, f"w{i}") for i in range(4) for b in brokers]
+        held = [pair for taken in await asyncio.gather(*takers) for pair in taken]
+        assert len(held) == 5  # the queue's concurrency, whichever broker claimed
+        keys = [
+            job.partition
+            for job in await brokers[2].get_jobs([job_id for job_id, _ in held])
+            if job is not None
+        ]
+        assert all(keys.count(key) <= 2 for key in keys)  # and each key's
+        # A release through one broker is heard by the others: their workers claim.
+        heard = Heard()
+        brokers[2].listen(heard)
+        assert await brokers[0].ack([held[0]]) == [True]
+        await _until(lambda: heard.told_work("q"), "the freed slot told to another broker")
+        (claimed,) = await brokers[2].claim([Claim("w", ("q",), 5)])
+        assert len(claimed) == 1
+    finally:
+        for backend in brokers:
+            await backend.close()
+
+
+async def test_a_back_off_through_one_broker_holds_the_key_for_all_flw_6(dsn: str) -> None:
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        await one.enqueue([Enqueue("q", i, partition="a") for i in range(3)])
+        (first,) = await one.claim([Claim("w", ("q",), 1)])
+        (c,) = first
+        assert await one.back_off([BackOff(c.id, c.lease, 30.0)]) == [True]
+        (got,) = await two.claim([Claim("w", ("q",), 3)])
+        assert got == []
+        heard = Heard()
+        two.listen(heard)
+        await asyncio.sleep(0)
+        clock.advance(30)
+        await _until(lambda: heard.told_work("q"), "the end of the back-off")
+        (got,) = await two.claim([Claim("w", ("q",), 3)])
+        assert len(got) == 3
+    finally:
+        await two.close()
+        await one.close()

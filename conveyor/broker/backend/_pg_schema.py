@@ -650,7 +650,247 @@ CREATE INDEX conveyor_jobs_ready_age ON conveyor_jobs (queue, ready_at)
     WHERE state = 'pending' AND NOT sched;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
+# v8: flow control (docs/contract.md FLW-1 to FLW-10). A job's partition key ('' for
+# none, so that the key is one comparable value), a queue's limits and ``flow_until``:
+# 'Infinity' while it has limits, else when the last back-off of it or of one of its
+# keys ends (NULL: never backed off). A claim takes the flow path (conveyor_claim_flow)
+# only while ``flow_until`` is past its now, so a queue without limits claims as before.
+# ``conveyor_parts`` holds, per queue and key ('' for the queue itself and its jobs of no
+# key), the turn it was last served at (from conveyor_turn_seq), its bucket's ``tat``
+# (NULL: full) and its back-off's end: shared by every broker, not kept for long (a
+# change of limits empties the buckets). Slots held are counted from the processing
+# rows whose lease is valid, so a lapsed lease frees its slot without a write.
+_V8_TABLES = """
+ALTER TABLE conveyor_jobs ADD COLUMN partition text NOT NULL DEFAULT '';
+ALTER TABLE conveyor_queues
+    ADD COLUMN concurrency int,
+    ADD COLUMN rate int,
+    ADD COLUMN per_s float8 NOT NULL DEFAULT 1,
+    ADD COLUMN burst int,
+    ADD COLUMN partition_concurrency int,
+    ADD COLUMN partition_rate int,
+    ADD COLUMN partition_per_s float8 NOT NULL DEFAULT 1,
+    ADD COLUMN partition_burst int,
+    ADD COLUMN flow_until float8;
+CREATE SEQUENCE conveyor_turn_seq;
+CREATE TABLE conveyor_parts (
+    queue text NOT NULL,
+    name text NOT NULL,
+    turn bigint NOT NULL,
+    tat float8,
+    until float8,
+    PRIMARY KEY (queue, name)
+);
+-- A key's claim order (the jobs of no key too: their lot takes turns as one more key,
+-- and a walk of the queue's claim order to find its first would pass every keyed row);
+-- a key's slots held, partial so that jobs of no key pay nothing for it. (A query on the
+-- partial one says "partition <> ''" in so many words: the planner proves it from that.)
+CREATE INDEX conveyor_jobs_part_claim ON conveyor_jobs (queue, partition, priority DESC, due, seq)
+    WHERE due IS NOT NULL;
+CREATE INDEX conveyor_jobs_part_held ON conveyor_jobs (queue, partition, deadline)
+    WHERE state = 'processing' AND partition <> '';
+"""
+
+# The claim of one queue under flow control: up to ``want`` of its claimable rows, as
+# FLW-5 orders them, each passing the queue's and its key's limits; the rows picked (the
+# caller claims them) and ``wake``, the earliest time a back-off, a bucket or a slot held
+# (when its lease lapses) that held something back lets it go (NULL: none did). Claims
+# of one queue run one at a time across brokers (the transaction's advisory lock on the
+# pair ("conf", hashtext(queue))), so that the counts read stay true until it commits.
+# It walks the queue's keys for each job it picks (O(k) probes of the key index each).
+_V8_CLAIM_FLOW = """
+CREATE FUNCTION conveyor_claim_flow(
+    q text, want int, p_now float8, busy bigint[], OUT picked bigint[], OUT wake float8
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    lim conveyor_queues%ROWTYPE;
+    own_tat float8;
+    own_until float8;
+    t float8;
+    tol float8;
+    pt float8;
+    ptol float8;
+    held bigint := 0;
+    held_p bigint;
+    c record;
+    blocked text[] := '{}';
+    skip bigint[] := busy;
+    keys text[] := '{}';
+    expired bigint[] := '{}';
+    used_up bigint[] := '{}';
+    opens float8;
+BEGIN
+    picked := '{}';
+    PERFORM pg_advisory_xact_lock(1668246118, hashtext(q));
+    SELECT * INTO lim FROM conveyor_queues cq WHERE cq.name = q;
+    INSERT INTO conveyor_parts (queue, name, turn) VALUES (q, '', 0) ON CONFLICT DO NOTHING;
+    SELECT p.tat, p.until INTO own_tat, own_until
+    FROM conveyor_parts p WHERE p.queue = q AND p.name = '';
+    IF lim.rate IS NOT NULL THEN
+        t := lim.per_s / lim.rate;
+        tol := (coalesce(lim.burst, 1) - 1) * t;
+    END IF;
+    IF lim.partition_rate IS NOT NULL THEN
+        pt := lim.partition_per_s / lim.partition_rate;
+        ptol := (coalesce(lim.partition_burst, 1) - 1) * pt;
+    END IF;
+    IF lim.concurrency IS NOT NULL THEN
+        SELECT count(*) INTO held FROM conveyor_jobs j
+        WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now;
+    END IF;
+    LOOP
+        EXIT WHEN cardinality(picked) >= want;
+        -- The queue's own back-off, concurrency and bucket (FLW-6, FLW-2, FLW-4).
+        IF own_until > p_now THEN
+            wake := own_until;
+            EXIT;
+        END IF;
+        IF lim.concurrency IS NOT NULL AND held >= lim.concurrency THEN
+            -- A slot frees by a release (which tells) or when a lease lapses: then.
+            SELECT min(j.deadline) INTO wake FROM conveyor_jobs j
+            WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now;
+            EXIT;
+        END IF;
+        IF t IS NOT NULL AND own_tat IS NOT NULL AND p_now < own_tat - tol THEN
+            wake := own_tat - tol;
+            EXIT;
+        END IF;
+        -- The key whose turn it is (FLW-5): the highest priority first, then the key
+        -- served longest ago; keys held by time are left out, and keys found at their
+        -- concurrency are (blocked) for the rest of this claim.
+        SELECT p.name, f.seq, f.attempts, f.max_attempts, f.expires_at INTO c
+        FROM conveyor_parts p
+        CROSS JOIN LATERAL (
+            SELECT j.seq, j.attempts, j.max_attempts, j.expires_at, j.priority
+            FROM conveyor_jobs j
+            WHERE j.queue = q AND j.partition = p.name AND j.due <= p_now
+                AND j.seq <> ALL(skip)
+            ORDER BY j.priority DESC, j.due, j.seq
+            LIMIT 1
+        ) f
+        WHERE p.queue = q AND p.name <> ALL(blocked)
+            AND (p.name = '' OR (
+                (p.until IS NULL OR p.until <= p_now)
+                AND (pt IS NULL OR p.tat IS NULL OR p_now >= p.tat - ptol)))
+        ORDER BY f.priority DESC, p.turn
+        LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        IF c.name <> '' AND lim.partition_concurrency IS NOT NULL THEN
+            SELECT count(*) INTO held_p FROM conveyor_jobs j
+            WHERE j.queue = q AND j.partition = c.name AND j.partition <> ''
+                AND j.state = 'processing' AND j.deadline > p_now;
+            held_p := held_p + (SELECT count(*) FROM unnest(keys) k WHERE k = c.name);
+            IF held_p >= lim.partition_concurrency THEN
+                blocked := blocked || c.name;
+                wake := least(wake, (
+                    SELECT min(j.deadline) FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.partition = c.name AND j.partition <> ''
+                        AND j.state = 'processing' AND j.deadline > p_now
+                ));
+                CONTINUE;
+            END IF;
+        END IF;
+        skip := skip || c.seq;
+        -- Another transaction holds the row (a report, a cancel): not claimable now.
+        PERFORM 1 FROM conveyor_jobs j WHERE j.seq = c.seq FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        IF c.expires_at IS NOT NULL AND p_now >= c.expires_at THEN
+            expired := expired || c.seq;  -- CLM-4: it costs no limit
+            CONTINUE;
+        ELSIF c.attempts >= c.max_attempts THEN
+            used_up := used_up || c.seq;  -- CLM-3
+            CONTINUE;
+        END IF;
+        picked := picked || c.seq;
+        keys := keys || c.name;
+        held := held + 1;
+        IF t IS NOT NULL THEN
+            own_tat := greatest(coalesce(own_tat, p_now), p_now) + t;
+        END IF;
+        UPDATE conveyor_parts p SET turn = nextval('conveyor_turn_seq'),
+            tat = CASE WHEN c.name = '' OR pt IS NULL THEN p.tat
+                ELSE greatest(coalesce(p.tat, p_now), p_now) + pt END
+        WHERE p.queue = q AND p.name = c.name;
+    END LOOP;
+    IF t IS NOT NULL THEN
+        UPDATE conveyor_parts p SET tat = own_tat WHERE p.queue = q AND p.name = '';
+    END IF;
+    IF cardinality(expired) > 0 THEN
+        UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now, last_error = 'expired',
+            worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+        WHERE j.seq = ANY(expired);
+    END IF;
+    IF cardinality(used_up) > 0 THEN
+        UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now,
+            last_error = 'max attempts exceeded',
+            worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+        WHERE j.seq = ANY(used_up);
+    END IF;
+    IF cardinality(picked) < want THEN
+        -- When the first key that time holds back, and that has work, lets it go.
+        SELECT min(greatest(coalesce(p.until, '-Infinity'),
+            CASE WHEN pt IS NULL OR p.tat IS NULL THEN '-Infinity' ELSE p.tat - ptol END))
+        INTO opens
+        FROM conveyor_parts p
+        WHERE p.queue = q AND p.name <> ''
+            AND (p.until > p_now OR (pt IS NOT NULL AND p_now < p.tat - ptol))
+            AND EXISTS (
+                SELECT 1 FROM conveyor_jobs j
+                WHERE j.queue = q AND j.partition = p.name AND j.due <= p_now
+            );
+        wake := least(wake, opens);
+    END IF;
+END $$;
+"""
+
+
+# conveyor_claim as v6 made it, taking the flow path for a queue under flow control: the
+# rest of it (the path of every other queue) is the same text. A claim held back by time
+# returns first a row of NULLs but for ``deadline``, the time it lets go (the caller
+# skips it and sets its timer; the other brokers are told as "t:").
+_V6_CLAIM = _V6[_V6.index("CREATE FUNCTION conveyor_claim(") :]
+_V6_CLAIM = _V6_CLAIM[: _V6_CLAIM.index("END $$;") + len("END $$;")]
+_V8 = (
+    _V8_TABLES
+    + _V8_CLAIM_FLOW
+    + _changed(
+        _V6_CLAIM,
+        ("CREATE FUNCTION conveyor_claim(", "CREATE OR REPLACE FUNCTION conveyor_claim("),
+        (
+            "    used_up bigint[] := '{}';\nBEGIN\n",
+            "    used_up bigint[] := '{}';\n    flow_at float8;\n    fl record;\n"
+            "    wake float8;\nBEGIN\n",
+        ),
+        (
+            "        CONTINUE WHEN NOT EXISTS (\n"
+            "            SELECT 1 FROM conveyor_queues cq WHERE cq.name = q AND NOT cq.paused\n"
+            "        );\n",
+            "        SELECT cq.flow_until INTO flow_at FROM conveyor_queues cq\n"
+            "        WHERE cq.name = q AND NOT cq.paused;\n"
+            "        CONTINUE WHEN NOT FOUND;\n"
+            "        IF flow_at > p_now THEN\n"
+            "            fl := conveyor_claim_flow(q, p_n - got, p_now, taken);\n"
+            "            taken := taken || fl.picked;\n"
+            "            got := got + cardinality(fl.picked);\n"
+            "            wake := least(wake, fl.wake);\n"
+            "            CONTINUE;\n"
+            "        END IF;\n",
+        ),
+        (
+            "    IF cardinality(taken) = 0 THEN\n        RETURN;\n",
+            "    IF wake IS NOT NULL THEN\n"
+            "        PERFORM pg_notify('conveyor', 't:' || wake::text);\n"
+            "        RETURN QUERY SELECT NULL::bigint, NULL::bigint, q, NULL::text, NULL::bytea,\n"
+            "            NULL::int, NULL::int, wake, NULL::int, NULL::float8, NULL::float8,\n"
+            "            NULL::float8, NULL::float8;\n"
+            "    END IF;\n"
+            "    IF cardinality(taken) = 0 THEN\n        RETURN;\n",
+        ),
+    )
+)
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

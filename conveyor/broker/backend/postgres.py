@@ -60,6 +60,18 @@ Advisory lock ids (``pg_advisory_lock``'s one-bigint key space of the database):
 * ``0x636F6E77`` ("conw"): folding the counters (``_FOLD_LOCK``), per transaction.
 * ``0x636F6E6C`` ("conl"): the leader (``_LEADER_LOCK``), per session, on the hearing
   connection.
+* the pair (``0x636F6E66`` ("conf"), ``hashtext(queue)``), in the two-int key space:
+  a queue under flow control, per transaction (``_FLOW_LOCK_SQL``).
+
+Flow control (FLW-1 to FLW-10). A queue with limits, or with a back-off in force, is
+claimed by ``conveyor_claim_flow`` (``_pg_schema``, v8) under that queue's lock, so that
+claims of every broker on it run one at a time and the slots they count (the processing
+rows with a valid lease, so a lapse frees one without a write) stay true until each
+commits; every other queue is claimed as before, without the lock. Turns, buckets and
+back-offs live in ``conveyor_parts``, shared by the brokers. A release under limits (an
+ack, a death, a cancel) tells the other brokers ("w:"); a claim held back by time, or by
+slots whose leases will lapse, tells when it lets go ("t:"), and this broker sets its
+timer for then.
 """
 
 from __future__ import annotations
@@ -147,7 +159,7 @@ FAILED = "failed"
 _JOB_COLUMNS = (
     "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
     "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
-    "last_error, died_at, key, timeout_s"
+    "last_error, died_at, key, timeout_s, partition"
 )
 
 # Where a listed row (``_JOB_COLUMNS`` then its lease) has its lease: after the columns.
@@ -175,20 +187,30 @@ WITH src AS (
     FROM unnest(%(queue)s::text[], %(payload)s::bytea[], %(priority)s::int[],
                 %(attempts)s::int[], %(vis)s::float8[], %(base)s::float8[],
                 %(cap)s::float8[], %(ready_at)s::float8[], %(expires_at)s::float8[],
-                %(key)s::text[], %(timeout)s::float8[])
+                %(key)s::text[], %(timeout)s::float8[], %(partition)s::text[])
         WITH ORDINALITY AS s(queue, payload, priority, attempts, vis, base, cap, ready_at,
-                             expires_at, key, timeout, ord)
+                             expires_at, key, timeout, partition, ord)
 ), ins AS (
     INSERT INTO conveyor_jobs (seq, queue, state, payload, priority, max_attempts,
         visibility_timeout_s, backoff_base_s, backoff_max_s, enqueued_at, ready_at,
-        expires_at, key, timeout_s, sched)
+        expires_at, key, timeout_s, partition, sched)
     SELECT seq, queue, 'pending', payload, priority, attempts, vis, base, cap, %(now)s,
-        ready_at, expires_at, key, timeout, ready_at > %(now)s
+        ready_at, expires_at, key, timeout, partition, ready_at > %(now)s
     FROM src ORDER BY ord
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
     RETURNING seq
 )
 SELECT src.seq, ins.seq IS NOT NULL FROM src LEFT JOIN ins USING (seq) ORDER BY src.ord
+"""
+
+# A partition key's row, made when its first job comes: it joins the turns last (FLW-5).
+# (DO NOTHING takes no lock on a row that exists: an enqueue never waits for a claim.)
+_ADD_PARTS = """
+INSERT INTO conveyor_parts (queue, name, turn)
+SELECT u.queue, u.name, nextval('conveyor_turn_seq')
+FROM (SELECT DISTINCT queue, name FROM unnest(%s::text[], %s::text[]) AS u(queue, name)) u
+WHERE NOT EXISTS (SELECT 1 FROM conveyor_parts p WHERE p.queue = u.queue AND p.name = u.name)
+ON CONFLICT (queue, name) DO NOTHING
 """
 
 _KEYED = """
@@ -203,6 +225,15 @@ _VALID = "j.state = 'processing' AND j.lease = u.lease AND j.deadline > %(now)s"
 # how few leases a batch holds, and walked every held job for each ack instead of
 # looking the batch's jobs up by seq: an ack's cost grew with the jobs held.
 
+# The queues among ``d``'s whose slots are counted (under flow control): a release there
+# may let a waiting job go (FLW-2), so the other brokers are told ("w:"). Its rows come
+# after the statement's own, with a NULL seq.
+_FREED = """
+f AS (
+    SELECT q.name, pg_notify('conveyor', 'w:' || q.name) FROM conveyor_queues q
+    WHERE q.name IN (SELECT queue FROM d) AND q.flow_until > %(now)s
+)"""
+
 _ACK = f"""
 WITH d AS (
     DELETE FROM conveyor_jobs j USING unnest(%(seqs)s::bigint[], %(leases)s::text[])
@@ -211,8 +242,8 @@ WITH d AS (
     RETURNING j.seq, j.queue, j.lease
 ), t AS (
     INSERT INTO conveyor_counts (queue, completed) SELECT queue, count(*) FROM d GROUP BY queue
-)
-SELECT seq, lease FROM d
+), {_FREED}
+SELECT seq, lease FROM d UNION ALL SELECT NULL, name FROM f
 """
 
 _HEARTBEAT = f"""
@@ -258,13 +289,13 @@ FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::float8[], %s
 WHERE j.seq = u.seq
 """
 
-_CANCEL = """
+_CANCEL = f"""
 WITH d AS (
-    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%s::bigint[]) RETURNING j.seq, j.queue
+    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%(seqs)s::bigint[]) RETURNING j.seq, j.queue
 ), t AS (
     INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
-)
-SELECT seq, pg_notify('conveyor', 'c:' || seq) FROM d
+), {_FREED}
+SELECT seq, pg_notify('conveyor', 'c:' || seq)::text FROM d UNION ALL SELECT NULL, name FROM f
 """
 
 _REDRIVE = """
@@ -387,12 +418,139 @@ _STATS = f"""
 SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.enqueued,
     s.completed, s.retried, s.dead, s.expired, s.cancelled,
     (SELECT min(j.ready_at) FROM conveyor_jobs j
-        WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest
+        WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest,
+    q.flow_until IS NOT NULL OR EXISTS (
+        SELECT 1 FROM conveyor_parts p WHERE p.queue = q.name
+    ) AS flows
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
 WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
 ORDER BY q.made
 """
+
+
+# Claims of a queue under flow control, and the changes of its limits and back-offs, run
+# one at a time (see conveyor_claim_flow: the same pair of keys).
+_FLOW_LOCK_SQL = "SELECT pg_advisory_xact_lock(1668246118, hashtext(%s))"
+
+_SET_LIMITS = """
+WITH q AS (
+    UPDATE conveyor_queues SET concurrency = %(concurrency)s, rate = %(rate)s,
+        per_s = %(per_s)s, burst = %(burst)s,
+        partition_concurrency = %(partition_concurrency)s,
+        partition_rate = %(partition_rate)s, partition_per_s = %(partition_per_s)s,
+        partition_burst = %(partition_burst)s,
+        flow_until = CASE WHEN %(any)s THEN 'Infinity'::float8 ELSE (
+            SELECT max(p.until) FROM conveyor_parts p WHERE p.queue = %(q)s
+        ) END
+    WHERE name = %(q)s
+), own AS (
+    INSERT INTO conveyor_parts (queue, name, turn) VALUES (%(q)s, '', 0)
+    ON CONFLICT DO NOTHING
+)
+UPDATE conveyor_parts SET tat = NULL WHERE queue = %(q)s AND tat IS NOT NULL
+"""
+
+_BACKING_OFF = """
+SELECT seq, queue, state, lease, deadline, partition
+FROM conveyor_jobs WHERE seq = ANY(%s::bigint[]) ORDER BY seq FOR UPDATE
+"""
+
+# Back to pending where it was (its ready time is past), the attempt not spent; the
+# trigger counts the move as a retry, which it is not: taken back (QueueTotals).
+_BACK_OFF_JOBS = """
+WITH b AS (
+    UPDATE conveyor_jobs SET state = 'pending', attempts = attempts - 1, worker_id = NULL,
+        lease = NULL, deadline = NULL, sched = false
+    WHERE seq = ANY(%s::bigint[])
+    RETURNING queue
+)
+INSERT INTO conveyor_counts (queue, retried) SELECT queue, -count(*) FROM b GROUP BY queue
+"""
+
+# Each (queue, key) held until its time, a later hold winning ('' is the queue itself).
+_HOLD_PARTS = """
+WITH u AS (
+    SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[]) AS u(queue, name, until)
+), p AS (
+    INSERT INTO conveyor_parts AS p (queue, name, turn, until)
+    SELECT u.queue, u.name,
+        CASE WHEN u.name = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, u.until
+    FROM u
+    ON CONFLICT (queue, name) DO UPDATE
+        SET until = greatest(coalesce(p.until, '-Infinity'), excluded.until)
+)
+UPDATE conveyor_queues q SET flow_until = greatest(coalesce(q.flow_until, '-Infinity'), m.until)
+FROM (SELECT queue, max(until) AS until FROM u GROUP BY queue) m
+WHERE q.name = m.queue
+"""
+
+
+def _limit_row(limits: Limits) -> dict[str, int | float | None]:
+    return limits.as_dict()
+
+
+# stats' flow-control fields (FLW-8), per queue: its limits, its own back-off and bucket,
+# its slots held (when it counts them), the keys with ready jobs and, of those, the ready
+# jobs of the keys a limit holds back. It probes each key of the queue (O(k)), and counts
+# the ready jobs of the keys held back only.
+_FLOW_STATS = """
+SELECT q.name, q.concurrency, q.rate, q.per_s, q.burst, q.partition_concurrency,
+    q.partition_rate, q.partition_per_s, q.partition_burst, o.until, o.tat,
+    CASE WHEN q.concurrency IS NULL THEN 0 ELSE (
+        SELECT count(*) FROM conveyor_jobs j
+        WHERE j.queue = q.name AND j.state = 'processing' AND j.deadline > %(now)s
+    ) END,
+    k.busy, k.limited
+FROM conveyor_queues q
+LEFT JOIN conveyor_parts o ON o.queue = q.name AND o.name = ''
+CROSS JOIN LATERAL (
+    SELECT count(*) AS busy, coalesce(sum(CASE WHEN b.blocked THEN (
+        SELECT count(*) FROM conveyor_jobs j
+        WHERE j.queue = q.name AND j.partition = b.name AND j.state = 'pending'
+            AND j.ready_at <= %(now)s
+    ) END), 0)::bigint AS limited
+    FROM (
+        SELECT p.name, (
+            coalesce(p.until > %(now)s, false)
+            OR (q.partition_rate IS NOT NULL AND p.tat IS NOT NULL AND %(now)s
+                < p.tat - (coalesce(q.partition_burst, 1) - 1)
+                    * (q.partition_per_s / q.partition_rate))
+            OR (q.partition_concurrency IS NOT NULL AND (
+                SELECT count(*) FROM conveyor_jobs j
+                WHERE j.queue = q.name AND j.partition = p.name AND j.partition <> ''
+                    AND j.state = 'processing' AND j.deadline > %(now)s
+            ) >= q.partition_concurrency)
+        ) AS blocked
+        FROM conveyor_parts p
+        WHERE p.queue = q.name AND p.name <> '' AND EXISTS (
+            SELECT 1 FROM conveyor_jobs j
+            WHERE j.queue = q.name AND j.partition = p.name AND j.state = 'pending'
+                AND j.ready_at <= %(now)s
+        )
+    ) b
+) k
+WHERE q.name = ANY(%(names)s::text[])
+"""
+
+
+def _flow_fields(row: tuple[Any, ...], now: float, ready: int) -> dict[str, Any]:
+    """The flow-control fields of a queue's ``QueueStats`` from its ``_FLOW_STATS`` row."""
+    limits = Limits(*row[1:9])
+    until, tat, held, busy, limited = row[9:14]
+    gated = until is not None and until > now
+    if limits.concurrency is not None and held >= limits.concurrency:
+        gated = True
+    if limits.rate is not None and tat is not None:
+        interval = limits.per_s / limits.rate
+        if now < tat - ((limits.burst or 1) - 1) * interval:
+            gated = True
+    return {
+        "limited": ready if gated else limited,
+        "partitions": busy,
+        "backoff_until": until if until is not None and until > now else None,
+        "limits": limits,
+    }
 
 
 def _error(exc: BaseException) -> StoreError:
@@ -1156,17 +1314,115 @@ class PostgresBackend:
         return self._spawn(self._back_off(items))
 
     async def _set_limits(self, name: str, limits: Limits) -> None:
-        guard.check_limits(limits)
-        if limits.any:
-            raise InvalidArgument(
-                "limits", "flow control is not available with the postgres backend yet"
-            )
+        """FLW-1: the queue's limits replaced, from the next claim of any broker on; its
+        buckets start afresh (FLW-9), its back-offs stand (as in the engine)."""
+        guard.queue_name(name)
+        checked = guard.check_limits(limits)
+
+        async def work(now: float) -> None:
+            conn = self._conn
+            async with conn.transaction():
+                await self._queues([name])
+                await conn.execute(_FLOW_LOCK_SQL, (name,))
+                await conn.execute(
+                    _SET_LIMITS, {"q": name, "any": checked.any, **_limit_row(checked)}
+                )
+                # Limits raised may let waiting jobs go: every broker's workers are told.
+                await conn.execute("SELECT pg_notify('conveyor', 'w:' || %s)", (name,))
+
+        await self._call(work, changes=True)
+        self._listeners.work_waiting(frozenset([name]))
 
     async def _back_off(self, items: Sequence[BackOff]) -> list[bool | InvalidArgument]:
-        return [
-            InvalidArgument("id", "back off is not available with the postgres backend yet")
-            for _ in items
-        ]
+        """FLW-6, on each item in order: its job back to ready, its attempt given back,
+        and its key (or queue) held until now plus its delay, never sooner than a
+        back-off already in force."""
+        checked: list[tuple[BackOff, float, str | None, bool] | InvalidArgument] = []
+        for item in items:
+            try:
+                whole = item.whole_queue
+                if not isinstance(whole, bool):
+                    raise InvalidArgument(
+                        "whole_queue", f"must be a bool, got {type(whole).__name__}"
+                    )
+                delay = guard.nonneg("delay_s", item.delay_s)
+                part = guard.key(item.partition, "partition")
+            except InvalidArgument as exc:
+                checked.append(exc)
+                continue
+            checked.append((item, delay, part, whole))
+        seqs = sorted(
+            {
+                seq
+                for entry in checked
+                if not isinstance(entry, InvalidArgument)
+                and (seq := self._seq(entry[0].id)) is not None
+            }
+        )
+        touched: set[str] = set()
+        untils: list[float] = []
+
+        async def work(now: float) -> list[bool | InvalidArgument]:
+            conn = self._conn
+            results: list[bool | InvalidArgument] = []
+            async with conn.transaction():
+                rows: dict[int, list[Any]] = {}
+                if seqs:
+                    cur = await conn.execute(_BACKING_OFF, (seqs,))
+                    rows = {row[0]: list(row) for row in await cur.fetchall()}
+                backed: list[int] = []
+                holds: dict[tuple[str, str], float] = {}
+                for entry in checked:
+                    if isinstance(entry, InvalidArgument):
+                        results.append(entry)
+                        continue
+                    item, delay, part, whole = entry
+                    seq = self._seq(item.id)
+                    row = rows.get(seq) if seq is not None else None
+                    # row: seq queue state lease deadline partition
+                    if (
+                        row is None
+                        or row[2] != "processing"
+                        or row[3] != item.lease
+                        or not now < row[4]
+                    ):
+                        results.append(False)
+                        continue
+                    row[2] = "pending"  # (a second back-off of the lease in the batch: False)
+                    backed.append(row[0])
+                    key = "" if whole else part if part is not None else row[5]
+                    until = now + delay
+                    if holds.get((row[1], key), -math.inf) < until:
+                        holds[(row[1], key)] = until
+                    touched.add(row[1])
+                    results.append(True)
+                if backed:
+                    await conn.execute(_BACK_OFF_JOBS, (backed,), prepare=False)
+                for queue in sorted({queue for queue, _ in holds}):
+                    await conn.execute(_FLOW_LOCK_SQL, (queue,))
+                if holds:
+                    await conn.execute(
+                        _HOLD_PARTS,
+                        (
+                            [queue for queue, _ in holds],
+                            [key for _, key in holds],
+                            list(holds.values()),
+                        ),
+                        prepare=False,
+                    )
+                    untils.extend(holds.values())
+                    # The other brokers' timers fire when the hold ends: their workers
+                    # may be the ones waiting for it.
+                    await conn.execute(
+                        "SELECT pg_notify('conveyor', %s)", (f"t:{min(holds.values())!r}",)
+                    )
+            return results
+
+        # The job is ready again (another key's, or this one's later, may be claimable).
+        results = await self._call(work, changes=True, nearest=lambda _: min(untils, default=None))
+        if touched:
+            self._listeners.work_waiting(frozenset(touched))
+        return results
 
     def sweep(self) -> asyncio.Task[SweepResult]:
         return self._spawn(self._sweep())
@@ -1207,12 +1463,12 @@ class PostgresBackend:
                 column: []
                 for column in (
                     "queue", "payload", "priority", "attempts", "vis", "base", "cap",
-                    "ready_at", "expires_at", "key", "timeout",
+                    "ready_at", "expires_at", "key", "timeout", "partition",
                 )
             }  # fmt: skip
             for index in todo:
                 name, resolved, cap = jobs[index]
-                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit, _ = (
+                payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit, part = (
                     resolved
                 )
                 if delay_s is not None:  # ENQ-5
@@ -1232,10 +1488,16 @@ class PostgresBackend:
                 columns["expires_at"].append(None if expires_s is None else now + expires_s)
                 columns["key"].append(key)
                 columns["timeout"].append(limit)
+                columns["partition"].append("" if part is None else part)
                 if ready_at > now:
                     events.append(ready_at)
                 if expires_s is not None:
                     events.append(now + expires_s)
+            keyed = [
+                (q, p) for q, p in zip(columns["queue"], columns["partition"], strict=True) if p
+            ]
+            if keyed:
+                await conn.execute(_ADD_PARTS, ([q for q, _ in keyed], [p for _, p in keyed]))
             cur = await conn.execute(_INSERT_JOBS, {**columns, "now": now})
             taken: list[int] = []
             for index, (seq, inserted) in zip(todo, await cur.fetchall(), strict=True):
@@ -1289,6 +1551,7 @@ class PostgresBackend:
             job.backoff_base_s,
             job.key,
             job.timeout_s,
+            job.partition,
         )
         return name, resolved, opts.backoff_max_s
 
@@ -1363,13 +1626,22 @@ class PostgresBackend:
 
     async def _claim(self, claims: Sequence[Claim], round_robin: bool) -> list[list[Claimed]]:
         refused: list[InvalidArgument] = []
+        # When a back-off or a bucket that held jobs back lets them go (FLW-4, FLW-6):
+        # the claim function says so in a row of its own, with no seq.
+        wakes: list[float] = []
 
         async def one(claim: Claim, n: int, now: float) -> list[Claimed]:
             cur = await self._conn.execute(
                 "SELECT * FROM conveyor_claim(%s, %s::text[], %s, %s, %s)",
                 (claim.worker_id, list(claim.queues), min(n, _N_MAX), now, self.id_prefix),
             )
-            return [self._claimed(row) for row in await cur.fetchall()]
+            got: list[Claimed] = []
+            for row in await cur.fetchall():
+                if row[1] is None:
+                    wakes.append(row[7])
+                else:
+                    got.append(self._claimed(row))
+            return got
 
         async def refuses(claim: Claim, problem: InvalidArgument | None) -> bool:
             # The engine's guards (CLM-9) run where the local backend reaches a queue's
@@ -1428,6 +1700,8 @@ class PostgresBackend:
             return min(at, default=None)
 
         results = await self._call(work, changes=True, nearest=nearest)
+        if wakes:
+            self._arm_timer(min(wakes))
         if refused:
             raise refused[0]
         return results
@@ -1506,7 +1780,10 @@ class PostgresBackend:
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)  # (an ack only takes events away)
-        return _once({(self._id(row[0]), row[1]) for row in rows}, leases)
+        freed = frozenset(row[1] for row in rows if row[0] is None)
+        if freed:
+            self._listeners.work_waiting(freed)
+        return _once({(self._id(row[0]), row[1]) for row in rows if row[0] is not None}, leases)
 
     async def _report(self, reports: Sequence[Report]) -> list[bool | InvalidArgument]:
         checked: list[tuple[Report, float | None, str | None] | InvalidArgument] = []
@@ -1533,6 +1810,7 @@ class PostgresBackend:
         async def work(now: float) -> list[bool | InvalidArgument]:
             conn = self._conn
             results: list[bool | InvalidArgument] = []
+            died: set[str] = set()
             async with conn.transaction():
                 rows: dict[int, list[Any]] = {}
                 if seqs:
@@ -1569,6 +1847,8 @@ class PostgresBackend:
                     else:
                         update = ["dead", None, text or FAILED, now, False]
                     changed[row[0]] = update
+                    if update[0] == "dead":
+                        died.add(row[1])
                     row[2] = update[0]
                     row[3] = None
                     row[9] = update[2]
@@ -1580,6 +1860,14 @@ class PostgresBackend:
                         for column, value in zip(cols[1:], update, strict=True):
                             column.append(value)
                     await conn.execute(_SETTLE_REPORTS, cols, prepare=False)
+                if died:
+                    # A death frees a slot too (FLW-2); a retry is told by the trigger.
+                    cur = await conn.execute(
+                        "SELECT name, pg_notify('conveyor', 'w:' || name) FROM conveyor_queues "
+                        "WHERE name = ANY(%s::text[]) AND flow_until > %s",
+                        (sorted(died), now),
+                    )
+                    requeued.update(row[0] for row in await cur.fetchall())
             return results
 
         results = await self._call(work, changes=True)
@@ -1641,10 +1929,14 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
-            cur = await self._conn.execute(_CANCEL, (seqs,))
+            cur = await self._conn.execute(_CANCEL, {"seqs": seqs, "now": now})
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)  # (a cancel only takes events away)
+        freed = frozenset(row[1] for row in rows if row[0] is None)
+        rows = [row for row in rows if row[0] is not None]
+        if freed:
+            self._listeners.work_waiting(freed)
         done = _once({self._id(row[0]) for row in rows}, ids)
         self._listeners.cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return done
@@ -1686,6 +1978,7 @@ class PostgresBackend:
             died_at,
             key,
             timeout_s,
+            partition,
         ) = row
         return Job(
             id=self._id(seq),
@@ -1708,6 +2001,7 @@ class PostgresBackend:
             key=key,
             seq=seq,
             timeout_s=timeout_s,
+            partition=partition or None,
         )
 
     async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
@@ -1834,6 +2128,14 @@ class PostgresBackend:
         await self._fold(names)
         cur = await conn.execute(_STATS, {"names": names})
         rows = await cur.fetchall()
+        flowing = [row[0] for row in rows if row[13]]
+        flows: dict[str, tuple[Any, ...]] = {}
+        if flowing:
+            # (The planner's guess of its cost is far above what it costs, and JIT
+            # compiling it would cost more than running it.)
+            await conn.execute("SET LOCAL jit = off")
+            cur = await conn.execute(_FLOW_STATS, {"now": now, "names": flowing}, prepare=False)
+            flows = {row[0]: row for row in await cur.fetchall()}
         found = {
             row[0]: QueueStats(
                 ready=row[1] or 0,
@@ -1843,6 +2145,7 @@ class PostgresBackend:
                 paused=row[5],
                 totals=QueueTotals(*(count or 0 for count in row[6:12])),
                 oldest_ready_at=row[12],
+                **(_flow_fields(flows[row[0]], now, row[1] or 0) if row[0] in flows else {}),
             )
             for row in rows
         }
