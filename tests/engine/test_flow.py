@@ -1054,3 +1054,55 @@ def test_restore_of_no_limits(clock: ManualClock) -> None:
     stored.write(table.take_changes())
     assert stored.queues["q"][-1] is None
     assert stored.restore(clock).queue("q").limits == Limits()
+
+
+# -- found by the model (tests/engine/test_flow_model.py) ----------------------------------
+
+
+def test_next_event_tells_when_a_lapsed_job_of_a_key_may_be_reclaimed(
+    mem: JobTable, clock: ManualClock
+) -> None:
+    # Contract: FLW-4, TIM-4: the queue's bucket holds the reclaim back; the dispatcher
+    # must be told when it lets it through, or the job waits for some other event.
+    q = limited(mem, Limits(rate=1, per_s=10.0), visibility_timeout_s=2)
+    job = q.enqueue("a", partition="a")
+    one(q)
+    assert mem.next_event_at() == START + 2  # the lease lapses
+    clock.set(START + 2)
+    assert claim_ids(q) == []
+    assert mem.next_event_at() == START + 10
+    clock.set(START + 10)
+    assert claim_ids(q) == [job]
+
+
+@pytest.mark.parametrize("how", ["cancel", "expiry", "used up"])
+def test_a_key_whose_last_job_goes_while_the_queue_is_held_is_dropped(
+    mem: JobTable, clock: ManualClock, how: str
+) -> None:
+    # Contract: FLW-8, FLW-10: the key is not held, the queue is (at its concurrency),
+    # so the key waits in the turns; its last job going must not leave it there.
+    q = limited(mem, Limits(concurrency=1), visibility_timeout_s=10, max_attempts=1)
+    blocker = one_of(q, q.enqueue("plain", priority=5))
+    keyed = q.enqueue("a", partition="a", expires_s=3 if how == "expiry" else None)
+    if how == "used up":  # claimed, lapsed: a reclaim waiting in its key, used up
+        assert blocker.ack() is True
+        assert claim_ids(q) == [keyed]
+        q.enqueue("plain", priority=5)
+        clock.advance(10)
+        blocker = one(q)
+    assert q.stats().limited == 1 or how == "used up"
+    if how == "cancel":
+        assert q.cancel(keyed) is True
+    else:
+        clock.advance(3 if how == "expiry" else 0)
+        swept = mem.sweep_expired()
+        assert (swept.expired, swept.exhausted) == ((1, 0) if how == "expiry" else (0, 1))
+    assert q._flow.parts == {}
+    s = q.stats()
+    assert (s.ready, s.limited, s.partitions) == (0, 0, 0)
+
+
+def one_of(q: Queue, job_id: str) -> JobHandle:
+    h = one(q)
+    assert h.id == job_id
+    return h
