@@ -1090,7 +1090,8 @@ def test_a_key_whose_last_job_goes_while_the_queue_is_held_is_dropped(
         q.enqueue("plain", priority=5)
         clock.advance(10)
         blocker = one(q)
-    assert q.stats().limited == 1 or how == "used up"
+    if how != "used up":
+        assert q.stats().limited == 1  # held back by the queue's concurrency
     if how == "cancel":
         assert q.cancel(keyed) is True
     else:
