@@ -1094,7 +1094,9 @@ class Queue:
         flow = self._flow
         if flow.waking:
             times.append(flow.next_at())
-        if flow.gated and (self._n_ready or len(self._ready)):
+        # (Lapsed leases of keys wait in their keys' heaps, counted in neither
+        # _n_ready nor _ready: a key that may give one is in the turns.)
+        if flow.gated and (self._n_ready or len(self._ready) or len(flow.turns)):
             opens = flow.opens_at(now)  # the queue's own bucket or back-off
             if opens is not None and opens != float("inf"):
                 times.append(opens)
@@ -1225,6 +1227,13 @@ class Queue:
             self._table._leased.pop(row.lease, None)  # type: ignore[arg-type]
         elif state is DEAD:
             del self._dead[row.seq]
+        if row.partition is not None and heap is not None and heap is not self._scheduled:
+            part = self._flow.parts.get(row.partition)
+            if part is not None and heap is part.ready and not part.ready:
+                # Its key's last ready row went (cancelled, expired, swept): file the
+                # part again now, so that one with nothing left is dropped, not kept
+                # until a claim happens on its stale turn.
+                self._flow.refile(part, now)
 
     def _kill(self, row: _Row, error: str, now: float) -> None:
         """Move an unlinked row to dead (DLQ-1)."""
