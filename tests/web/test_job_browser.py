@@ -40,7 +40,9 @@ TOKENS = replace(
 )
 DASH = "\N{EN DASH}"
 PAGE = 20  # the browser's page size
-TIME = re.compile(r"^\d\d:\d\d:\d\d$")
+# A time of today, or a date and time for another day (a job due in an hour is due
+# tomorrow when the test runs in the day's last hour).
+TIME = re.compile(r"^(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d$")
 
 
 def rows(page: Page) -> Locator:
