@@ -43,7 +43,17 @@ from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from ..egress import Gate
-from ..engine import InvalidArgument, Job, Limits, NewJob, QueueOpts, QueueStats, SweepResult
+from ..engine import (
+    InvalidArgument,
+    Job,
+    Limits,
+    NewJob,
+    QueueOpts,
+    QueueStats,
+    ScheduleInfo,
+    ScheduleSpec,
+    SweepResult,
+)
 from ..store import StoreError
 
 T = TypeVar("T")
@@ -464,6 +474,39 @@ class Backend(Protocol):
     def stats(self, queues: Sequence[str] | None = None) -> Pending[dict[str, QueueStats]]:
         """The counts of each queue named (of every queue for ``None``; CST-4); a name
         with no queue is left out."""
+        ...
+
+    # -- schedules (SCH-1 on). The backend fires each schedule's due ticks by itself, at
+    # its own timer (the local backend: the table's next event; a shared table: the
+    # earliest next_at of any broker's schedules), so no call here fires one; the jobs
+    # a tick makes reach the listener as any other work (``work_waiting``).
+
+    def set_schedule(self, spec: ScheduleSpec) -> Pending[ScheduleInfo]:
+        """Make schedule ``spec.id``, or replace its definition (SCH-1, SCH-5): a change
+        that keeps its timing keeps its progress; one that changes it fires next at the
+        new timing's first tick after now. Its queue is made if it does not exist.
+        Raises ``InvalidArgument`` naming the field (``cron``, ``tz``, ``priority``...)."""
+        ...
+
+    def delete_schedule(self, schedule_id: str) -> Pending[bool]:
+        """Delete the schedule (the jobs it made stay): whether it existed."""
+        ...
+
+    def pause_schedule(self, schedule_id: str, paused: bool) -> Pending[ScheduleInfo | None]:
+        """Pause or resume the schedule (SCH-6): a paused one makes no job, and on resume
+        fires next at the first tick after now. ``None``: no such schedule."""
+        ...
+
+    def run_schedule(self, schedule_id: str) -> Pending[str | None]:
+        """Make one job of the schedule now, whatever its ticks (SCH-7): the job's id;
+        ``None``: no such schedule. Its next tick is unchanged."""
+        ...
+
+    def schedules(
+        self, ids: Sequence[str] | None = None, after: str | None = None, limit: int = 100
+    ) -> Pending[list[ScheduleInfo]]:
+        """The schedules named by ``ids`` (in that order, unknown ids left out), or a page
+        of every schedule in id order, starting after the id ``after``."""
         ...
 
     def sweep(self) -> Pending[SweepResult]:

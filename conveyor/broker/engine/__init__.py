@@ -14,6 +14,17 @@ Exceptions::
 
 from ._errors import InvalidArgument, PayloadTooLarge
 from ._guards import queue_name as check_queue_name
+from ._schedule import (
+    MISSED_GRACE_S,
+    MISSED_POLICIES,
+    ScheduleInfo,
+    ScheduleSpec,
+    check_timing,
+    fire,
+    next_tick,
+    same_timing,
+    tick_key,
+)
 from ._table import (
     CLAIM_FIELDS,
     LIST_STATES,
@@ -45,6 +56,8 @@ __all__ = [
     "CLAIM_FIELDS",
     "LIMIT_FIELDS",
     "LIST_STATES",
+    "MISSED_GRACE_S",
+    "MISSED_POLICIES",
     "QUEUE_FIELDS",
     "ROW_FIELDS",
     "SEARCH_SCAN",
@@ -63,8 +76,15 @@ __all__ = [
     "QueueStats",
     "QueueTotals",
     "RawJSON",
+    "ScheduleInfo",
+    "ScheduleSpec",
     "SweepResult",
     "check_list_key",
     "check_queue_name",
+    "check_timing",
+    "fire",
     "lease_number",
+    "next_tick",
+    "same_timing",
+    "tick_key",
 ]
