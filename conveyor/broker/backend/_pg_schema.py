@@ -20,6 +20,8 @@ Tables:
   statement: it walks the claimable rows of each queue in order with ``FOR UPDATE
   SKIP LOCKED``, one row at a time, kills the expired and used-up rows it meets
   (CLM-3 to CLM-5) and claims the rest until it has ``n``.
+* ``conveyor_schedules``: each schedule's definition and progress (``next_at``, the tick
+  it fires at next, indexed where set).
 * ``conveyor_enqueue``: an enqueue an application makes in its own transaction, from
   any language (v3, docs/postgres.md): the engine's guards, resolution and keys in SQL,
   its refusals raised as ``<code>: <field>: <problem>``.
@@ -890,7 +892,31 @@ _V8 = (
     )
 )
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
+# Schedules (docs/contract.md, SCH-1 on): one row per schedule. ``spec`` holds its timing
+# and the options of the jobs it makes, as given (resolved against the queue's options
+# when a tick fires, as an enqueue then would be); ``payload`` is stored as the jobs store
+# theirs. ``next_at`` is the tick it fires at next, NULL while paused or once its ticks
+# have ended: the partial index on it is all that finding the due schedules, or the
+# earliest tick to come, reads, so schedules that are not due cost nothing. This step
+# reads and changes nothing of the others: it applies after any of them.
+_V_SCHEDULES = """
+CREATE TABLE conveyor_schedules (
+    id text PRIMARY KEY,
+    queue text NOT NULL,
+    payload bytea NOT NULL,
+    spec jsonb NOT NULL,
+    paused boolean NOT NULL DEFAULT false,
+    next_at float8,
+    last_at float8,
+    last_job text,
+    fired bigint NOT NULL DEFAULT 0,
+    created_at float8 NOT NULL,
+    updated_at float8 NOT NULL
+);
+CREATE INDEX conveyor_schedules_next ON conveyor_schedules (next_at) WHERE next_at IS NOT NULL;
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SCHEDULES)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
