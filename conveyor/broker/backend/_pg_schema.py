@@ -898,10 +898,12 @@ _V8 = (
 # theirs. ``next_at`` is the tick it fires at next, NULL while paused or once its ticks
 # have ended: the partial index on it is all that finding the due schedules, or the
 # earliest tick to come, reads, so schedules that are not due cost nothing. This step
-# reads and changes nothing of the others: it applies after any of them.
+# reads and changes nothing of the others: it applies after any of them. Ids compare by
+# code point (COLLATE "C"), so that a page in id order is the primary key's order, and
+# every backend's order.
 _V_SCHEDULES = """
 CREATE TABLE conveyor_schedules (
-    id text PRIMARY KEY,
+    id text COLLATE "C" PRIMARY KEY,
     queue text NOT NULL,
     payload bytea NOT NULL,
     spec jsonb NOT NULL,

@@ -79,6 +79,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import json
 import logging
 import math
 import random
@@ -103,11 +105,15 @@ from ..engine import (
     QueueOpts,
     QueueStats,
     QueueTotals,
+    RawJSON,
+    ScheduleInfo,
+    ScheduleSpec,
     SweepResult,
     check_list_key,
     lease_number,
 )
 from ..engine import _guards as guard
+from ..engine._schedule import check_timing, fire, next_tick, same_timing, tick_key
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
 from ._base import (
@@ -486,6 +492,66 @@ WHERE q.name = m.queue
 """
 
 
+# -- schedules (SCH-1 on) ---------------------------------------------------------------
+
+# A spec's fields kept in the ``spec`` column (the others have columns of their own).
+_SPEC_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(ScheduleSpec)
+    if f.name not in ("id", "queue", "payload", "paused")
+)
+
+_SCHEDULE_COLUMNS = (
+    "id, queue, payload, spec, paused, next_at, last_at, last_job, fired, created_at, updated_at"
+)
+
+# Due schedules, soonest first, each locked until the transaction that fires it commits;
+# one another broker is firing is passed over (it advances next_at in that commit). Read
+# through the partial index on next_at: schedules not due are never looked at.
+_DUE_SCHEDULES = f"""
+SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules
+WHERE next_at <= %(now)s
+ORDER BY next_at, id
+LIMIT %(n)s
+FOR UPDATE SKIP LOCKED
+"""
+
+_FIRED = """
+UPDATE conveyor_schedules s SET next_at = u.next_at,
+    last_at = coalesce(u.last_at, s.last_at), last_job = coalesce(u.last_job, s.last_job),
+    fired = s.fired + u.n
+FROM unnest(%s::text[], %s::float8[], %s::float8[], %s::text[], %s::int[])
+    AS u(id, next_at, last_at, last_job, n)
+WHERE s.id = u.id
+"""
+
+# The earliest tick to come of any schedule: one probe of the partial index.
+_NEXT_SCHEDULE = "SELECT min(next_at) FROM conveyor_schedules WHERE next_at IS NOT NULL"
+
+_PUT_SCHEDULE = """
+INSERT INTO conveyor_schedules (id, queue, payload, spec, paused, next_at, last_at, last_job,
+    fired, created_at, updated_at)
+VALUES (%(id)s, %(queue)s, %(payload)s, %(spec)s, %(paused)s, %(next_at)s, %(last_at)s,
+    %(last_job)s, %(fired)s, %(created_at)s, %(updated_at)s)
+ON CONFLICT (id) DO UPDATE SET queue = excluded.queue, payload = excluded.payload,
+    spec = excluded.spec, paused = excluded.paused, next_at = excluded.next_at,
+    updated_at = excluded.updated_at
+"""
+
+# Schedules fired per transaction, at most: a transaction holds their rows' locks, and a
+# schedule may make many jobs at once (``each``, up to its ``max_catch_up``).
+_FIRE_BATCH = 100
+# Firings at successive ticks the clock has already passed, at most, before the rest
+# fire at once at the time it is (a stepped clock that jumped far, see _fire_when_due).
+_MAX_FIRE_PASSES = 1000
+# How long (the scheduler's clock) before looking again at a due schedule that another
+# broker holds: it is firing it, and its commit moves next_at on.
+_HELD_RETRY_S = 0.1
+# How long before schedules are tried again after a firing failed for a reason other
+# than a lost connection (a bug, logged).
+_FIRE_FAILED_RETRY_S = 1.0
+
+
 def _limit_row(limits: Limits) -> dict[str, int | float | None]:
     return limits.as_dict()
 
@@ -685,6 +751,18 @@ class PostgresBackend:
         self._poll_timer: Handle | None = None
         self._want_poll = False
         self._snapshot: str | None = None
+        # Schedules: one timer for the earliest tick to come of every schedule on the
+        # database (``_sched_at``); when it fired, the time it fired at (``_fire_at``)
+        # while the firing it asks for has not run, or ``_fire_asap`` after a firing that
+        # failed (retried at the time it then is); ``_sched_stale``: the earliest tick
+        # is to be looked up again (another broker changed a schedule, or notices may
+        # have been missed).
+        self._sched_timer: Handle | None = None
+        self._sched_at: float | None = None
+        self._fire_at: float | None = None
+        self._fire_asap = False
+        self._sched_stale = False
+        self._firer: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -731,6 +809,7 @@ class PostgresBackend:
             )
             await backend._start_hearing()
             backend._arm_timer(await backend._next_event(scheduler.now()))
+            backend._set_sched_timer(await backend._next_schedule())
         except BaseException as exc:
             if backend is not None:
                 await backend.close()
@@ -779,10 +858,10 @@ class PostgresBackend:
     def _fail(self, exc: BaseException) -> StoreError:
         if self.failed is None:
             self.failed = exc if isinstance(exc, StoreError) else _error(exc)
-            for timer in (self._timer, self._lead_timer, self._poll_timer):
+            for timer in (self._timer, self._lead_timer, self._poll_timer, self._sched_timer):
                 if timer is not None:
                     timer.cancel()
-            self._timer = self._lead_timer = self._poll_timer = None
+            self._timer = self._lead_timer = self._poll_timer = self._sched_timer = None
             self._on_failure(self.failed)
         return self.failed
 
@@ -844,6 +923,7 @@ class PostgresBackend:
             return
         try:
             await self._catch_up()
+            await self._fire_when_due()
             now = self.now()
             if len(batch) == 1:
                 results = [await batch[0].work(now)]
@@ -1030,6 +1110,11 @@ class PostgresBackend:
             self._listeners.cancelled([self._id(int(what))])
         elif kind == "q":
             self._opts.pop(what, None)  # its options changed: read them again when used
+        elif kind == "s":
+            # Another broker made, changed, paused, resumed or deleted a schedule: the
+            # earliest tick to come may have changed.
+            self._sched_stale = True
+            self._kick_firing()
 
     async def _try_lead(self, hearing: Conn) -> None:
         """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
@@ -1073,6 +1158,7 @@ class PostgresBackend:
         """Look up the next timed event again soon (once for a burst of news)."""
         if self._closed or self.failed is not None:
             return
+        self._sched_stale = True  # (its notices may have been missed too)
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_now())
 
@@ -1166,6 +1252,162 @@ class PostgresBackend:
     async def _fold(self, names: list[str] | None) -> None:
         await self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FOLD_LOCK,))
         await self._conn.execute(_FOLD, {"names": names})
+
+    # -- schedules: when they fire ---------------------------------------------------------
+
+    async def _next_schedule(self) -> float | None:
+        cur = await self._conn.execute(_NEXT_SCHEDULE)
+        row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def _set_sched_timer(self, at: float | None) -> None:
+        """Set the schedules' timer for ``at`` (``None``: no tick to come), in place of
+        the one set."""
+        if self._sched_timer is not None:
+            self._sched_timer.cancel()
+        self._sched_timer = None
+        self._sched_at = at
+        if at is not None and not self._closed and self.failed is None:
+            self._sched_timer = self._scheduler.call_at(at, self._on_sched_timer)
+
+    def _sched_earlier(self, at: float | None) -> None:
+        """A schedule of this broker's now fires next at ``at``: the timer fires no later.
+        (One set too early only looks, finds nothing due and is set again.)"""
+        if at is not None and (
+            self._sched_timer is None or self._sched_at is None or at < self._sched_at
+        ):
+            self._set_sched_timer(at)
+
+    def _on_sched_timer(self) -> None:
+        self._sched_timer = None
+        self._sched_at = None
+        if self._closed or self.failed is not None:
+            return
+        if self._fire_at is None:
+            self._fire_at = self.now()
+        self._kick_firing()
+
+    def _kick_firing(self) -> None:
+        """Run, soon, what the schedules' timer or a notice asked for (before any call
+        made later: ``_run_batch`` does it first)."""
+        if self._closed or self.failed is not None:
+            return
+        if self._firer is None or self._firer.done():
+            self._firer = asyncio.get_running_loop().create_task(self._fire_soon())
+
+    async def _fire_soon(self) -> None:
+        try:
+            await self._call(lambda now: _nothing(), changes=False)
+        except StoreError:
+            pass  # unavailable (fired once connected) or failed (on_failure was told)
+
+    async def _fire_when_due(self) -> None:
+        """Fire the schedules due at the time the timer fired, then at each later tick
+        the clock has already passed, in time order (what a timer set for each would have
+        done: a stepped clock that jumped fires each tick on time, as the local backend
+        does); then set the timer for the earliest tick to come. A firing cut off by a
+        lost connection is done again at the time it is once the connection is back
+        (its ticks then missed or not by their policy); what it committed stands, and
+        what it did not left the schedules as they were, so no tick fires twice."""
+        at = self._fire_at
+        if at is None and self._fire_asap:
+            at = self.now()
+        if at is None:
+            if self._sched_stale:
+                self._sched_stale = False
+                try:
+                    self._set_sched_timer(await self._next_schedule())
+                except BaseException:
+                    self._sched_stale = True
+                    raise
+            return
+        self._fire_at = None
+        self._fire_asap = False
+        self._sched_stale = False
+        touched: set[str] = set()
+        try:
+            passes = 1
+            while True:
+                await self._fire_at_time(at, touched)
+                nxt = await self._next_schedule()
+                if nxt is not None and nxt <= at:
+                    # Due, yet passed over: another broker holds it, firing it (its
+                    # commit moves it on). Look again shortly, in case that one fails.
+                    nxt = max(at, self.now()) + _HELD_RETRY_S
+                elif nxt is not None and nxt <= self.now():
+                    passes += 1
+                    at = nxt if passes < _MAX_FIRE_PASSES else self.now()
+                    continue
+                self._set_sched_timer(nxt)
+                return
+        except (psycopg.Error, OSError):
+            self._fire_asap = True
+            self._sched_stale = True
+            raise
+        except Exception:
+            # A bug: the calls go on; the schedules are tried again later.
+            log.exception("postgres: firing schedules failed")
+            self._set_sched_timer(self.now() + _FIRE_FAILED_RETRY_S)
+        finally:
+            if touched:
+                self._listeners.work_waiting(frozenset(touched))
+
+    async def _fire_at_time(self, now: float, touched: set[str]) -> None:
+        """Fire every schedule due at ``now`` that no other broker is firing, a batch per
+        transaction: the rows locked, each one's ticks (``fire``) enqueued as any
+        enqueue is (keyed by ``tick_key``: the same tick never makes two live jobs), and
+        each one's next tick, last job and count written, all in one commit. Adds to
+        ``touched`` the queues that got jobs."""
+        conn = self._conn
+        while True:
+            events: list[float] = []
+            async with conn.transaction():
+                cur = await conn.execute(_DUE_SCHEDULES, {"now": now, "n": _FIRE_BATCH})
+                rows = await cur.fetchall()
+                if not rows:
+                    return
+                infos = [_schedule_info(row) for row in rows]
+                payloads = [RawJSON(bytes(row[2])) for row in rows]
+                opts = await self._queues([info.spec.queue for info in infos])
+                jobs: list[tuple[str, tuple[Any, ...], float]] = []
+                made: list[tuple[int, float]] = []  # (which schedule, which tick) per job
+                nexts: list[float | None] = []
+                for index, info in enumerate(infos):
+                    spec = info.spec
+                    assert info.next_at is not None
+                    ticks, nxt = fire(spec, info.next_at, now)
+                    nexts.append(nxt)
+                    for tick in ticks:
+                        job = _schedule_job(spec, payloads[index], tick_key(spec.id, tick))
+                        try:
+                            jobs.append(self._resolve(spec.queue, opts[spec.queue], job))
+                        except InvalidArgument as exc:
+                            # The queue's options changed since the schedule was set, so
+                            # that its jobs' options no longer pass (an enqueue of them
+                            # would be refused too): this tick makes no job.
+                            log.warning(
+                                "schedule %r: its job of %s was refused: %s", spec.id, tick, exc
+                            )
+                            continue
+                        made.append((index, tick))
+                ids = await self._insert(now, jobs, events) if jobs else []
+                counts = [0] * len(infos)
+                last_at: list[float | None] = [None] * len(infos)
+                last_job: list[str | None] = [None] * len(infos)
+                for (index, tick), job_id in zip(made, ids, strict=True):
+                    counts[index] += 1
+                    last_at[index] = tick
+                    last_job[index] = job_id
+                    touched.add(infos[index].spec.queue)
+                await conn.execute(
+                    _FIRED,
+                    ([info.spec.id for info in infos], nexts, last_at, last_job, counts),
+                    prepare=False,
+                )
+            if events:
+                self._arm_timer(min(events))
+            if len(rows) < _FIRE_BATCH:
+                return
 
     # -- queues ----------------------------------------------------------------------------
 
@@ -1427,13 +1669,225 @@ class PostgresBackend:
     def sweep(self) -> asyncio.Task[SweepResult]:
         return self._spawn(self._sweep())
 
+    # -- schedules: the calls (SCH-1 on) ---------------------------------------------------
+
+    def set_schedule(self, spec: ScheduleSpec) -> asyncio.Task[ScheduleInfo]:
+        return self._spawn(self._set_schedule(spec))
+
+    def delete_schedule(self, schedule_id: str) -> asyncio.Task[bool]:
+        return self._spawn(self._delete_schedule(schedule_id))
+
+    def pause_schedule(self, schedule_id: str, paused: bool) -> asyncio.Task[ScheduleInfo | None]:
+        return self._spawn(self._pause_schedule(schedule_id, paused))
+
+    def run_schedule(self, schedule_id: str) -> asyncio.Task[str | None]:
+        return self._spawn(self._run_schedule(schedule_id))
+
+    def schedules(
+        self, ids: Sequence[str] | None = None, after: str | None = None, limit: int = 100
+    ) -> asyncio.Task[list[ScheduleInfo]]:
+        return self._spawn(self._schedules(ids, after, limit))
+
+    async def _opts_of(self, name: str) -> QueueOpts:
+        """Queue ``name``'s options (the plain ones for a queue not made yet), making
+        nothing."""
+        known = self._opts.get(name)
+        if known is not None:
+            return known
+        cur = await self._conn.execute(
+            f"SELECT {_QUEUE_OPTS} FROM conveyor_queues WHERE name = %s", (name,)
+        )
+        row = await cur.fetchone()
+        return QueueOpts() if row is None else _opts(row)
+
+    async def _locked_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """The schedule, its row locked until the transaction ends (a firing of it by
+        another broker finishes first, or waits)."""
+        cur = await self._conn.execute(
+            f"SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules WHERE id = %s FOR UPDATE",
+            (schedule_id,),
+        )
+        row = await cur.fetchone()
+        return None if row is None else _schedule_info(row)
+
+    async def _told(self) -> None:
+        """Tell the other brokers, at the commit, that a schedule changed: they look up
+        their earliest tick again."""
+        await self._conn.execute("SELECT pg_notify('conveyor', 's:')")
+
+    async def _set_schedule(self, spec: ScheduleSpec) -> ScheduleInfo:
+        """SCH-1, SCH-5: the timing checked (``check_timing``), then the jobs' options and
+        payload as an enqueue checks them, against the queue's options (the plain ones
+        for a queue it makes). A new schedule fires next at its first tick after now; a
+        change that keeps the timing keeps the progress, one that changes it (or a
+        resume) fires next at the new timing's first tick after now; a paused one has no
+        next tick."""
+        if not isinstance(spec, ScheduleSpec):
+            raise InvalidArgument("spec", f"must be a ScheduleSpec, got {type(spec).__name__}")
+        check_timing(spec)
+        guard.queue_name(spec.queue)
+
+        async def work(now: float) -> ScheduleInfo:
+            conn = self._conn
+            async with conn.transaction():
+                opts = await self._opts_of(spec.queue)
+                _, resolved, _ = self._resolve(
+                    spec.queue, opts, _schedule_job(spec, spec.payload, None)
+                )
+                await self._queues([spec.queue])
+                old = await self._locked_schedule(spec.id)
+                if spec.paused:
+                    next_at = None
+                elif old is not None and not old.spec.paused and same_timing(old.spec, spec):
+                    next_at = old.next_at
+                else:
+                    next_at = next_tick(spec, now)
+                info = ScheduleInfo(
+                    spec=spec,
+                    next_at=next_at,
+                    last_at=None if old is None else old.last_at,
+                    last_job=None if old is None else old.last_job,
+                    fired=0 if old is None else old.fired,
+                    created_at=now if old is None else old.created_at,
+                    updated_at=now,
+                )
+                await conn.execute(
+                    _PUT_SCHEDULE,
+                    {
+                        "id": spec.id,
+                        "queue": spec.queue,
+                        "payload": resolved[0],
+                        "spec": Jsonb({name: getattr(spec, name) for name in _SPEC_FIELDS}),
+                        "paused": spec.paused,
+                        "next_at": next_at,
+                        "last_at": info.last_at,
+                        "last_job": info.last_job,
+                        "fired": info.fired,
+                        "created_at": info.created_at,
+                        "updated_at": now,
+                    },
+                )
+                await self._told()
+            return info
+
+        info = await self._call(work, changes=False)
+        self._sched_earlier(info.next_at)
+        return info
+
+    async def _delete_schedule(self, schedule_id: str) -> bool:
+        async def work(now: float) -> bool:
+            cur = await self._conn.execute(
+                "WITH d AS (DELETE FROM conveyor_schedules WHERE id = %s RETURNING id) "
+                "SELECT id, pg_notify('conveyor', 's:') FROM d",
+                (schedule_id,),
+            )
+            return bool(await cur.fetchall())
+
+        # (The timer, if it was set for this one, fires early, finds nothing, is set again.)
+        return await self._call(work, changes=False)
+
+    async def _pause_schedule(self, schedule_id: str, paused: bool) -> ScheduleInfo | None:
+        """SCH-6: paused, no next tick; resumed, the first tick after now. Pausing a
+        paused schedule, or resuming a running one, changes nothing."""
+        if not isinstance(paused, bool):
+            raise InvalidArgument("paused", f"must be a bool, got {type(paused).__name__}")
+
+        async def work(now: float) -> ScheduleInfo | None:
+            conn = self._conn
+            async with conn.transaction():
+                old = await self._locked_schedule(schedule_id)
+                if old is None or old.spec.paused == paused:
+                    return old
+                next_at = None if paused else next_tick(old.spec, now)
+                await conn.execute(
+                    "UPDATE conveyor_schedules SET paused = %s, next_at = %s, updated_at = %s "
+                    "WHERE id = %s",
+                    (paused, next_at, now, schedule_id),
+                )
+                await self._told()
+            return dataclasses.replace(
+                old,
+                spec=dataclasses.replace(old.spec, paused=paused),
+                next_at=next_at,
+                updated_at=now,
+            )
+
+        info = await self._call(work, changes=False)
+        if info is not None:
+            self._sched_earlier(info.next_at)
+        return info
+
+    async def _run_schedule(self, schedule_id: str) -> str | None:
+        """SCH-7: one job of the schedule now (keyed ``schedule:<id>:run:<ms>``), counted
+        as the schedule's latest; its next tick unchanged."""
+        events: list[float] = []
+        queue: list[str] = []
+
+        async def work(now: float) -> str | None:
+            conn = self._conn
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "SELECT queue, payload, spec FROM conveyor_schedules WHERE id = %s FOR UPDATE",
+                    (schedule_id,),
+                )
+                row = await cur.fetchone()
+                if row is None:
+                    return None
+                spec = _spec_of(schedule_id, row[0], row[2], False)
+                opts = await self._queues([spec.queue])
+                key = f"schedule:{schedule_id}:run:{round(now * 1000)}"
+                job = self._resolve(
+                    spec.queue, opts[spec.queue], _schedule_job(spec, RawJSON(bytes(row[1])), key)
+                )
+                (job_id,) = await self._insert(now, [job], events)
+                await conn.execute(
+                    "UPDATE conveyor_schedules SET fired = fired + 1, last_at = %s, "
+                    "last_job = %s WHERE id = %s",
+                    (now, job_id, schedule_id),
+                )
+                queue.append(spec.queue)
+            return job_id
+
+        job_id = await self._call(work, changes=True, nearest=lambda _: min(events, default=None))
+        if queue:
+            self._listeners.work_waiting(frozenset(queue))
+        return job_id
+
+    async def _schedules(
+        self, ids: Sequence[str] | None, after: str | None, limit: int
+    ) -> list[ScheduleInfo]:
+        if ids is None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise InvalidArgument("limit", f"must be a positive int, got {limit!r}")
+            if after is not None and not isinstance(after, str):
+                raise InvalidArgument("after", f"must be a schedule id, got {after!r}")
+        else:
+            wanted = [i for i in ids if isinstance(i, str)]
+
+        async def work(now: float) -> list[ScheduleInfo]:
+            if ids is None:
+                cur = await self._conn.execute(
+                    f"SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules "
+                    "WHERE %(after)s::text IS NULL OR id > %(after)s ORDER BY id LIMIT %(n)s",
+                    {"after": after, "n": min(limit, _N_MAX)},
+                )
+                return [_schedule_info(row) for row in await cur.fetchall()]
+            cur = await self._conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules WHERE id = ANY(%s::text[])",
+                (wanted,),
+            )
+            found = {row[0]: _schedule_info(row) for row in await cur.fetchall()}
+            return [found[i] for i in wanted if i in found]
+
+        return await self._call(work, changes=False)
+
     async def settle(self) -> None:
         """Every call made so far has committed (each commits before its result), and so
         has every call the backend made of its own (a sweep its timer asked for)."""
         last = self._last
         if last is not None and not last.done():
             await asyncio.wait([last])  # (its failure, or its cancelling, is its caller's)
-        for task in (self._sweeper, self._runner):
+        for task in (self._sweeper, self._firer, self._runner):
             if task is not None and not task.done():
                 await asyncio.wait([task])
         self._check()
@@ -2264,11 +2718,11 @@ class PostgresBackend:
         if self._closed:
             return
         self._closed = True
-        for timer in (self._timer, self._lead_timer, self._poll_timer):
+        for timer in (self._timer, self._lead_timer, self._poll_timer, self._sched_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._lead_timer = self._poll_timer = None
-        for task in (self._sweeper, self._refresh):
+        self._timer = self._lead_timer = self._poll_timer = self._sched_timer = None
+        for task in (self._sweeper, self._refresh, self._firer):
             if task is not None and not task.done():
                 await task  # (it raises nothing)
         for task in (self._heard, self._reviver):
@@ -2295,6 +2749,48 @@ class PostgresBackend:
 
 async def _nothing() -> None:
     return None
+
+
+def _spec_of(
+    schedule_id: str, queue: str, fields: dict[str, Any], paused: bool, payload: Any = None
+) -> ScheduleSpec:
+    return ScheduleSpec(
+        id=schedule_id,
+        queue=queue,
+        payload=payload,
+        paused=paused,
+        **{name: fields[name] for name in _SPEC_FIELDS if name in fields},
+    )
+
+
+def _schedule_info(row: tuple[Any, ...]) -> ScheduleInfo:
+    """A ``_SCHEDULE_COLUMNS`` row as the interface gives it."""
+    sid, queue, payload, fields, paused, next_at, last_at, last_job, fired, made, changed = row
+    return ScheduleInfo(
+        spec=_spec_of(sid, queue, fields, paused, json.loads(bytes(payload))),
+        next_at=next_at,
+        last_at=last_at,
+        last_job=last_job,
+        fired=int(fired),
+        created_at=made,
+        updated_at=changed,
+    )
+
+
+def _schedule_job(spec: ScheduleSpec, payload: Any, key: str | None) -> Enqueue:
+    """The job a tick (or a run-now) of ``spec`` enqueues: its payload, its options."""
+    return Enqueue(
+        spec.queue,
+        payload,
+        priority=spec.priority,
+        expires_s=spec.expires_s,
+        visibility_timeout_s=spec.visibility_timeout_s,
+        max_attempts=spec.max_attempts,
+        backoff_base_s=spec.backoff_base_s,
+        key=key,
+        timeout_s=spec.timeout_s,
+        partition=spec.partition,
+    )
 
 
 def _worker_problem(claim: Claim) -> InvalidArgument | None:
