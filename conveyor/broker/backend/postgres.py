@@ -644,17 +644,20 @@ class _Claimed:
 class _Call(Generic[T]):
     """One call waiting for the connection (``PostgresBackend._call``)."""
 
-    __slots__ = ("changes", "future", "nearest", "work")
+    __slots__ = ("alone", "changes", "future", "nearest", "work")
 
     def __init__(
         self,
         work: Callable[[float], Awaitable[T]],
         changes: bool,
         nearest: Callable[[T], float | None] | None,
+        alone: bool = False,
     ) -> None:
         self.work = work
         self.changes = changes
         self.nearest = nearest
+        # Run in a transaction of its own (its work commits as it goes), never batched.
+        self.alone = alone
         self.future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
     def succeed(self, result: T) -> None:
@@ -759,10 +762,15 @@ class PostgresBackend:
         # have been missed).
         self._sched_timer: Handle | None = None
         self._sched_at: float | None = None
+        self._sched_fire_at: float | None = None
         self._fire_at: float | None = None
         self._fire_asap = False
         self._sched_stale = False
         self._firer: asyncio.Task[None] | None = None
+        self._fire_queued = False
+        self._sched_refresher: asyncio.Task[None] | None = None
+        # Whether the first timer was set (``open``): none is set before.
+        self._sched_ready = False
 
     @classmethod
     async def open(
@@ -809,7 +817,9 @@ class PostgresBackend:
             )
             await backend._start_hearing()
             backend._arm_timer(await backend._next_event(scheduler.now()))
-            backend._set_sched_timer(await backend._next_schedule())
+            # (Set on a later turn: calls made as soon as it is open run before what
+            # was due while no broker was there, as on the local backend.)
+            scheduler.call_soon(backend._first_sched_timer, await backend._next_schedule())
         except BaseException as exc:
             if backend is not None:
                 await backend.close()
@@ -907,7 +917,13 @@ class PostgresBackend:
     async def _run_calls(self) -> None:
         calls = self._calls
         while calls:
-            batch = [calls.popleft() for _ in range(min(len(calls), _MAX_CALLS_PER_COMMIT))]
+            batch: list[_Call[Any]] = []
+            while calls and len(batch) < _MAX_CALLS_PER_COMMIT:
+                if calls[0].alone and batch:
+                    break
+                batch.append(calls.popleft())
+                if batch[-1].alone:
+                    break
             async with self._lock:
                 await self._run_batch(batch)
 
@@ -923,7 +939,6 @@ class PostgresBackend:
             return
         try:
             await self._catch_up()
-            await self._fire_when_due()
             now = self.now()
             if len(batch) == 1:
                 results = [await batch[0].work(now)]
@@ -1113,8 +1128,7 @@ class PostgresBackend:
         elif kind == "s":
             # Another broker made, changed, paused, resumed or deleted a schedule: the
             # earliest tick to come may have changed.
-            self._sched_stale = True
-            self._kick_firing()
+            self._sched_refresh()
 
     async def _try_lead(self, hearing: Conn) -> None:
         """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
@@ -1158,7 +1172,7 @@ class PostgresBackend:
         """Look up the next timed event again soon (once for a burst of news)."""
         if self._closed or self.failed is not None:
             return
-        self._sched_stale = True  # (its notices may have been missed too)
+        self._sched_refresh()  # (its notices may have been missed too)
         if self._refresh is None or self._refresh.done():
             self._refresh = asyncio.get_running_loop().create_task(self._refresh_now())
 
@@ -1260,15 +1274,34 @@ class PostgresBackend:
         row = await cur.fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def _set_sched_timer(self, at: float | None) -> None:
+    def _set_sched_timer(
+        self, at: float | None, fire_at: float | None = None, *, at_now: bool = False
+    ) -> None:
         """Set the schedules' timer for ``at`` (``None``: no tick to come), in place of
-        the one set."""
+        the one set. When it fires, it fires the schedules due at ``fire_at`` (by
+        default ``at``; with ``at_now``, the time it fires at).
+
+        A broker that is up fires each tick at the tick's time, however late its timer
+        runs (a stepped clock's jump, a busy loop): a tick is missed (``fire``'s
+        policies) only when no broker was there to fire it, that is at a broker's start
+        and after a firing cut off by a lost connection, which fire at the time it is."""
         if self._sched_timer is not None:
             self._sched_timer.cancel()
         self._sched_timer = None
         self._sched_at = at
+        self._sched_fire_at = None if at_now else at if fire_at is None else fire_at
         if at is not None and not self._closed and self.failed is None:
             self._sched_timer = self._scheduler.call_at(at, self._on_sched_timer)
+
+    def _first_sched_timer(self, at: float | None) -> None:
+        self._sched_ready = True
+        if at is not None and at <= self.now():
+            # Due while no broker was there: fired at the time it is, by its policy.
+            self._set_sched_timer(at, at_now=True)
+        else:
+            self._sched_earlier(at)  # (a schedule set meanwhile may have set it)
+        if self._sched_stale:
+            self._sched_refresh()  # (news heard since ``at`` was read)
 
     def _sched_earlier(self, at: float | None) -> None:
         """A schedule of this broker's now fires next at ``at``: the timer fires no later.
@@ -1283,23 +1316,79 @@ class PostgresBackend:
         self._sched_at = None
         if self._closed or self.failed is not None:
             return
-        if self._fire_at is None:
-            self._fire_at = self.now()
-        self._kick_firing()
+        when = self.now() if self._sched_fire_at is None else self._sched_fire_at
+        self._sched_fire_at = None
+        self._fire_at = when if self._fire_at is None else min(self._fire_at, when)
+        self._queue_firing()
+        # The jobs due are made before any call made from now on (the firing is queued
+        # first), so a claim made on this news finds them; which queues they are on is
+        # not known without asking the table.
+        self._listeners.work_waiting(None)
 
-    def _kick_firing(self) -> None:
-        """Run, soon, what the schedules' timer or a notice asked for (before any call
-        made later: ``_run_batch`` does it first)."""
+    def _queue_firing(self) -> None:
+        """Queue, as the next call, what the schedules' timer or a notice asked for (a
+        call of its own: calls made before it run first, those made after it see what
+        it fired)."""
+        if self._fire_queued or self._closed or self.failed is not None:
+            return
+        self._fire_queued = True
+        call: _Call[None] = _Call(self._fire_work, False, None, alone=True)
+        self._calls.append(call)
+        runner = self._runner
+        if runner is None or runner.done():
+            self._runner = asyncio.get_running_loop().create_task(self._run_calls())
+        self._firer = asyncio.get_running_loop().create_task(self._fired(call))
+
+    def _sched_refresh(self) -> None:
+        """Look up the earliest tick again soon, and fire now what a firing cut off by a
+        lost connection left (once for a burst of news)."""
         if self._closed or self.failed is not None:
             return
-        if self._firer is None or self._firer.done():
-            self._firer = asyncio.get_running_loop().create_task(self._fire_soon())
+        self._sched_stale = True
+        if self._sched_refresher is None or self._sched_refresher.done():
+            self._sched_refresher = asyncio.get_running_loop().create_task(
+                self._sched_refresh_now()
+            )
 
-    async def _fire_soon(self) -> None:
+    async def _sched_refresh_now(self) -> None:
+        async def work(now: float) -> None:
+            if self._fire_asap:
+                self._queue_firing()
+            elif self._sched_stale:
+                await self._look_again()
+
         try:
-            await self._call(lambda now: _nothing(), changes=False)
+            await self._call(work, changes=False)
         except StoreError:
-            pass  # unavailable (fired once connected) or failed (on_failure was told)
+            pass  # unavailable (looked up again once connected) or failed (on_failure told)
+
+    async def _look_again(self) -> None:
+        """Set the schedules' timer from the table's earliest tick."""
+        if not self._sched_ready:
+            return  # (the first timer is still to be set: it looks again then)
+        self._sched_stale = False
+        try:
+            nxt = await self._next_schedule()
+        except BaseException:
+            self._sched_stale = True
+            raise
+        # (One due already while a timer is set: that timer is a look again at a
+        # schedule another broker holds, or fires at once; it stays.)
+        if nxt is None or nxt > self.now() or self._sched_timer is None:
+            self._set_sched_timer(nxt)
+
+    async def _fire_work(self, now: float) -> None:
+        self._fire_queued = False
+        await self._fire_when_due()
+
+    async def _fired(self, call: _Call[None]) -> None:
+        try:
+            await call.future
+        except StoreError:
+            # Unavailable: fired at the time it is once connected (or failed:
+            # on_failure was told).
+            self._fire_at = None
+            self._fire_asap = True
 
     async def _fire_when_due(self) -> None:
         """Fire the schedules due at the time the timer fired, then at each later tick
@@ -1314,12 +1403,7 @@ class PostgresBackend:
             at = self.now()
         if at is None:
             if self._sched_stale:
-                self._sched_stale = False
-                try:
-                    self._set_sched_timer(await self._next_schedule())
-                except BaseException:
-                    self._sched_stale = True
-                    raise
+                await self._look_again()
             return
         self._fire_at = None
         self._fire_asap = False
@@ -1332,9 +1416,12 @@ class PostgresBackend:
                 nxt = await self._next_schedule()
                 if nxt is not None and nxt <= at:
                     # Due, yet passed over: another broker holds it, firing it (its
-                    # commit moves it on). Look again shortly, in case that one fails.
-                    nxt = max(at, self.now()) + _HELD_RETRY_S
-                elif nxt is not None and nxt <= self.now():
+                    # commit moves it on). Look again shortly, in case that one fails,
+                    # as at this time: what is then due was due now (a look at the time
+                    # it then is would take its tick for a missed one).
+                    self._set_sched_timer(max(at, self.now()) + _HELD_RETRY_S, fire_at=at)
+                    return
+                if nxt is not None and nxt <= self.now():
                     passes += 1
                     at = nxt if passes < _MAX_FIRE_PASSES else self.now()
                     continue
@@ -1887,7 +1974,7 @@ class PostgresBackend:
         last = self._last
         if last is not None and not last.done():
             await asyncio.wait([last])  # (its failure, or its cancelling, is its caller's)
-        for task in (self._sweeper, self._firer, self._runner):
+        for task in (self._sweeper, self._sched_refresher, self._firer, self._runner):
             if task is not None and not task.done():
                 await asyncio.wait([task])
         self._check()
@@ -2722,7 +2809,7 @@ class PostgresBackend:
             if timer is not None:
                 timer.cancel()
         self._timer = self._lead_timer = self._poll_timer = self._sched_timer = None
-        for task in (self._sweeper, self._refresh, self._firer):
+        for task in (self._sweeper, self._refresh, self._sched_refresher, self._firer):
             if task is not None and not task.done():
                 await task  # (it raises nothing)
         for task in (self._heard, self._reviver):
