@@ -114,6 +114,7 @@ from ..engine import (
 )
 from ..engine import _guards as guard
 from ..engine._schedule import check_timing, fire, next_tick, same_timing, tick_key
+from ..engine._schedules import MAX_LIST_LIMIT
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
 from ._base import (
@@ -1810,19 +1811,29 @@ class PostgresBackend:
         resume) fires next at the new timing's first tick after now; a paused one has no
         next tick."""
         if not isinstance(spec, ScheduleSpec):
-            raise InvalidArgument("spec", f"must be a ScheduleSpec, got {type(spec).__name__}")
+            raise InvalidArgument("spec", "must be a ScheduleSpec")
         check_timing(spec)
         guard.queue_name(spec.queue)
 
         async def work(now: float) -> ScheduleInfo:
+            nonlocal spec
             conn = self._conn
             async with conn.transaction():
                 opts = await self._opts_of(spec.queue)
                 _, resolved, _ = self._resolve(
                     spec.queue, opts, _schedule_job(spec, spec.payload, None)
                 )
-                await self._queues([spec.queue])
+                # What is kept, and shown, is the JSON value the jobs carry (SCH-1).
+                try:
+                    spec = dataclasses.replace(spec, payload=json.loads(resolved[0]))
+                except ValueError:
+                    raise InvalidArgument(
+                        "payload", "RawJSON does not hold one JSON value"
+                    ) from None
                 old = await self._locked_schedule(spec.id)
+                if old is not None and old.spec == spec:
+                    return old  # the same definition again: nothing changes (SCH-5)
+                await self._queues([spec.queue])
                 if spec.paused:
                     next_at = None
                 elif old is not None and not old.spec.paused and same_timing(old.spec, spec):
@@ -1862,6 +1873,9 @@ class PostgresBackend:
         return info
 
     async def _delete_schedule(self, schedule_id: str) -> bool:
+        if not isinstance(schedule_id, str):
+            return False
+
         async def work(now: float) -> bool:
             cur = await self._conn.execute(
                 "WITH d AS (DELETE FROM conveyor_schedules WHERE id = %s RETURNING id) "
@@ -1877,7 +1891,9 @@ class PostgresBackend:
         """SCH-6: paused, no next tick; resumed, the first tick after now. Pausing a
         paused schedule, or resuming a running one, changes nothing."""
         if not isinstance(paused, bool):
-            raise InvalidArgument("paused", f"must be a bool, got {type(paused).__name__}")
+            raise InvalidArgument("paused", "must be true or false")
+        if not isinstance(schedule_id, str):
+            return None
 
         async def work(now: float) -> ScheduleInfo | None:
             conn = self._conn
@@ -1907,6 +1923,8 @@ class PostgresBackend:
     async def _run_schedule(self, schedule_id: str) -> str | None:
         """SCH-7: one job of the schedule now (keyed ``schedule:<id>:run:<ms>``), counted
         as the schedule's latest; its next tick unchanged."""
+        if not isinstance(schedule_id, str):
+            return None
         events: list[float] = []
         queue: list[str] = []
 
@@ -1944,10 +1962,9 @@ class PostgresBackend:
         self, ids: Sequence[str] | None, after: str | None, limit: int
     ) -> list[ScheduleInfo]:
         if ids is None:
-            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-                raise InvalidArgument("limit", f"must be a positive int, got {limit!r}")
             if after is not None and not isinstance(after, str):
-                raise InvalidArgument("after", f"must be a schedule id, got {after!r}")
+                raise InvalidArgument("after", "must be a schedule id or None")
+            guard.positive_int("limit", limit, MAX_LIST_LIMIT)
         else:
             wanted = [i for i in ids if isinstance(i, str)]
 
