@@ -72,6 +72,17 @@ back-offs live in ``conveyor_parts``, shared by the brokers. A release under lim
 ack, a death, a cancel) tells the other brokers ("w:"); a claim held back by time, or by
 slots whose leases will lapse, tells when it lets go ("t:"), and this broker sets its
 timer for then.
+
+Schedules (SCH-1 to SCH-11), in ``conveyor_schedules`` (``_pg_schema``): every broker keeps
+one more timer, for the earliest ``next_at`` of any schedule (one probe of its partial
+index), and fires what is due when it rings, racing the other brokers: the due rows are
+taken ``FOR UPDATE SKIP LOCKED``, their ticks' jobs inserted as an enqueue inserts jobs
+(keyed by ``tick_key``) and each row's next tick, last job and count written, in one
+commit. A tick is fired by exactly one broker: its row is locked by one firing at a
+time, and the commit that makes its job moves ``next_at`` past it (a firing that meets
+the row afterwards finds it not due); a firing cut off commits nothing and leaves the
+tick to the next one. A set, pause, resume or delete tells the other brokers ("s:"),
+which look up their earliest tick again.
 """
 
 from __future__ import annotations
