@@ -13,7 +13,9 @@ inserted, the schedule row updated; then the earliest tick looked up) and the te
 for it to be done. Reported per firing, for each size: the wall time (median and 90th
 percentile, the client's side: the round trips and the server's work), and the shared
 buffers the two schedule statements touch (``EXPLAIN (ANALYZE, BUFFERS)`` of each, with
-the plan's index), which is what would grow with the table if a pass scanned it.
+the plan's index), which is what would grow with the table if a pass scanned it. The
+sizes take turns tick by tick, each in its own database, so that they share the load of
+the machine.
 """
 
 from __future__ import annotations
@@ -67,60 +69,73 @@ async def _explain(dsn: str, query: str, params: dict[str, Any]) -> tuple[int, s
         return buffers, ",".join(sorted(set(names))) or "(no index)"
 
 
-async def measure(idle: int, ticks: int) -> dict[str, Any]:
-    name = f"conveyor_bench_sched_{secrets.token_hex(6)}"
-    with psycopg.connect(SERVER, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        dsn = _dsn(name)
-        clock = SteppedScheduler(start=START)
-        backend = await PostgresBackend.open(
-            dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(7)
+class Table:
+    """One database holding ``idle`` schedules not due in the run, and one due every
+    second, with one broker's backend on a stepped clock."""
+
+    def __init__(self, idle: int) -> None:
+        self.idle = idle
+        self.name = f"conveyor_bench_sched_{secrets.token_hex(6)}"
+        self.dsn = _dsn(self.name)
+        self.clock = SteppedScheduler(start=START)
+        self.backend: PostgresBackend | None = None
+        self.times: list[float] = []
+
+    async def open(self) -> None:
+        with psycopg.connect(SERVER, autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        self.backend = backend = await PostgresBackend.open(
+            self.dsn, self.clock, max_payload_bytes=1 << 20, rng=random.Random(7)
         )
-        try:
-            # The idle ones, set together (calls made meanwhile share one transaction).
-            await asyncio.gather(
-                *(
-                    backend.set_schedule(
-                        ScheduleSpec(
-                            id=f"idle-{i:06d}", queue="idle", every_s=DAY, start_at=START + DAY
-                        )
+        # The idle ones, set together (calls made meanwhile share one transaction).
+        await asyncio.gather(
+            *(
+                backend.set_schedule(
+                    ScheduleSpec(
+                        id=f"idle-{i:06d}", queue="idle", every_s=DAY, start_at=START + DAY
                     )
-                    for i in range(idle)
                 )
+                for i in range(self.idle)
             )
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                await conn.execute("ANALYZE conveyor_schedules")
-            await backend.set_schedule(ScheduleSpec(id="hot", queue="hot", every_s=1.0))
-            times: list[float] = []
-            for _ in range(ticks):
-                await asyncio.sleep(0)
-                began = time.perf_counter()
-                clock.advance(1.0)
-                await asyncio.sleep(0)
-                await backend.settle()
-                times.append(time.perf_counter() - began)
-            (info,) = await backend.schedules(["hot"])
-            assert info.fired == ticks, info
-            due = await _explain(dsn, _DUE_SCHEDULES, {"now": clock.now(), "n": 100})
-            nxt = await _explain(dsn, _NEXT_SCHEDULE, {})
-        finally:
-            await backend.close()
-    finally:
+        )
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            await conn.execute("ANALYZE conveyor_schedules")
+        await backend.set_schedule(ScheduleSpec(id="hot", queue="hot", every_s=1.0))
+
+    async def tick(self) -> None:
+        """One second on: the timer fires and the backend fires the hot schedule."""
+        assert self.backend is not None
+        await asyncio.sleep(0)
+        began = time.perf_counter()
+        self.clock.advance(1.0)
+        await asyncio.sleep(0)
+        await self.backend.settle()
+        self.times.append(time.perf_counter() - began)
+
+    async def report(self) -> dict[str, Any]:
+        assert self.backend is not None
+        (info,) = await self.backend.schedules(["hot"])
+        assert info.fired == len(self.times), info
+        due = await _explain(self.dsn, _DUE_SCHEDULES, {"now": self.clock.now(), "n": 100})
+        nxt = await _explain(self.dsn, _NEXT_SCHEDULE, {})
+        times = sorted(self.times)
+        return {
+            "idle": self.idle,
+            "median_ms": statistics.median(times) * 1000,
+            "p90_ms": times[int(len(times) * 0.9)] * 1000,
+            "due_buffers": due[0],
+            "due_index": due[1],
+            "next_buffers": nxt[0],
+            "next_index": nxt[1],
+        }
+
+    async def close(self) -> None:
+        if self.backend is not None:
+            await self.backend.close()
         with psycopg.connect(SERVER, autocommit=True) as admin:
             admin.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
             )
-    times.sort()
-    return {
-        "idle": idle,
-        "median_ms": statistics.median(times) * 1000,
-        "p90_ms": times[int(len(times) * 0.9)] * 1000,
-        "due_buffers": due[0],
-        "due_index": due[1],
-        "next_buffers": nxt[0],
-        "next_index": nxt[1],
-    }
 
 
 async def main() -> None:
@@ -132,13 +147,25 @@ async def main() -> None:
         f"{'idle':>8} {'fire median ms':>15} {'p90 ms':>8} "
         f"{'due buffers':>12} {'min buffers':>12}  indexes"
     )
-    for idle in (int(n) for n in args.idle.split(",")):
-        got = await measure(idle, args.ticks)
-        print(
-            f"{got['idle']:>8} {got['median_ms']:>15.2f} {got['p90_ms']:>8.2f} "
-            f"{got['due_buffers']:>12} {got['next_buffers']:>12}  "
-            f"{got['due_index']} / {got['next_index']}"
-        )
+    tables = [Table(int(n)) for n in args.idle.split(",")]
+    try:
+        for table in tables:
+            await table.open()
+        # The sizes take turns, tick by tick, so that they share whatever else the
+        # machine is doing.
+        for _ in range(args.ticks):
+            for table in tables:
+                await table.tick()
+        for table in tables:
+            got = await table.report()
+            print(
+                f"{got['idle']:>8} {got['median_ms']:>15.2f} {got['p90_ms']:>8.2f} "
+                f"{got['due_buffers']:>12} {got['next_buffers']:>12}  "
+                f"{got['due_index']} / {got['next_index']}"
+            )
+    finally:
+        for table in tables:
+            await table.close()
 
 
 if __name__ == "__main__":
