@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator
 
@@ -17,7 +18,7 @@ import psycopg
 import pytest
 
 from conveyor.broker.backend import database_scheduler
-from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.backend.postgres import _DUE_SCHEDULES, _NEXT_SCHEDULE, PostgresBackend
 from conveyor.broker.engine import InvalidArgument, ScheduleSpec
 from conveyor.broker.engine._schedule import next_tick, tick_key
 from conveyor.broker.scheduler import LoopScheduler, SteppedScheduler
@@ -175,6 +176,38 @@ async def test_a_schedule_set_on_one_broker_fires_on_another() -> None:
             await one.close()
             await step(clock, [other], 1)
             assert await keys(dsn, "ticks") == [tick_key("tick", START + 1)]
+
+
+async def test_idle_schedules_cost_a_firing_nothing() -> None:
+    """With 10,000 schedules not due, finding the due ones and the earliest tick reads the
+    partial index on next_at only: no statement of a firing walks the table."""
+    async with database() as dsn:
+        clock = SteppedScheduler(start=START)
+        async with brokers(dsn, clock, 1) as (backend,):
+            await backend.set_schedule(every_second())
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute(
+                    "INSERT INTO conveyor_schedules (id, queue, payload, spec, next_at, "
+                    "created_at, updated_at) SELECT 'idle-' || i, 'idle', 'null', "
+                    "'{\"every_s\": 86400.0}', %s + i, %s, %s "
+                    "FROM generate_series(1, 10000) AS i",
+                    (START + 86_400, START, START),
+                )
+                await conn.execute("ANALYZE conveyor_schedules")
+                for query, params in (
+                    (_DUE_SCHEDULES, {"now": START + 1, "n": 100}),
+                    (_NEXT_SCHEDULE, {}),
+                ):
+                    cur = await conn.execute(
+                        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params
+                    )
+                    row = await cur.fetchone()
+                    assert row is not None
+                    plan = json.dumps(row[0])
+                    assert "conveyor_schedules_next" in plan and "Seq Scan" not in plan, plan
+            await step(clock, [backend], 1)
+            assert await keys(dsn, "ticks") == [tick_key("tick", START + 1)]
+            assert await keys(dsn, "idle") == []
 
 
 # -- exactly once across brokers ------------------------------------------------------------
