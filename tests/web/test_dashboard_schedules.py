@@ -32,6 +32,7 @@ READER = "read-secret"
 TOKENS = replace(BASE, tokens={ADMIN: frozenset({Role.ADMIN}), READER: frozenset({Role.READ})})
 with_tokens = pytest.mark.parametrize("config", [TOKENS])
 
+DASH = "\N{EN DASH}"  # an empty time, and the pager's range ("1 to 100")
 # A time of today (or a date and time on another day), then how far it is.
 CLOCK = r"(\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d"
 
@@ -60,7 +61,7 @@ async def test_the_card_shows_timing_next_and_last_fire_and_follows_the_last_job
         await expect(cell(page, "hourly-sync", "last_at")).to_have_text(
             re.compile(rf"^{CLOCK} \((now|\d+ s ago)\)$")
         )
-        await expect(cell(page, "nightly-report", "last_at")).to_have_text("–")
+        await expect(cell(page, "nightly-report", "last_at")).to_have_text(DASH)
         await expect(cell(page, "hourly-sync", "fired")).to_have_text("1")
         await expect(cell(page, "hourly-sync", "state")).to_have_text("active")
         await expect(cell(page, "hourly-sync", "payload")).to_have_text('{"full":false}')
@@ -76,7 +77,7 @@ async def test_an_admin_pauses_resumes_runs_and_deletes(broker: Broker, tab: Tab
         page = await open_dashboard(tab, broker)
         await page.get_by_test_id("schedule-pause-cleanup").click()
         await expect(cell(page, "cleanup", "state")).to_have_text("paused")
-        await expect(cell(page, "cleanup", "next_at")).to_have_text("–")
+        await expect(cell(page, "cleanup", "next_at")).to_have_text(DASH)
         info = await client.get_schedule("cleanup")
         assert info is not None and info.paused
 
@@ -138,11 +139,11 @@ async def test_more_than_a_page_of_schedules_is_paged(broker: Broker, tab: Tab) 
     page = await open_dashboard(tab, broker)
     rows = page.locator('[data-testid^="schedule-row-"]')
     await expect(rows).to_have_count(100)
-    await expect(page.get_by_test_id("schedules-range")).to_have_text("1–100")
+    await expect(page.get_by_test_id("schedules-range")).to_have_text(f"1{DASH}100")
     await page.get_by_test_id("schedules-next").click()
     await expect(rows).to_have_count(5)
     await expect(page.get_by_test_id("schedule-row-s104")).to_be_visible()
-    await expect(page.get_by_test_id("schedules-range")).to_have_text("101–105")
+    await expect(page.get_by_test_id("schedules-range")).to_have_text(f"101{DASH}105")
     await page.get_by_test_id("schedules-prev").click()
     await expect(page.get_by_test_id("schedule-row-s000")).to_be_visible()
 
