@@ -5,7 +5,7 @@ The ``table`` fixture is the conformance suite's seam: every contract test runs 
 on the in-memory table and once on a table kept in SQLite. In the SQLite run, each time
 the test moves the clock, and again when it ends, everything the table decided so far is
 committed to the file, a second table is rebuilt from that file alone, and the two must
-agree on every job, every queue's counts and the next timed event.
+agree on every job, every queue's counts, every schedule and the next timed event.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ def assert_same(live: JobTable, path: Path, clock: ManualClock) -> None:
         assert restored.get_job(job_id) == live.get_job(job_id), job_id
     for name in live.queues():
         assert restored.queue(name).stats() == live.queue(name).stats(), name
+    assert restored.list_schedules(limit=1000) == live.list_schedules(limit=1000)
     assert restored.next_event_at() == live.next_event_at()
 
 

@@ -25,6 +25,7 @@ from ._schedule import (
     same_timing,
     tick_key,
 )
+from ._schedules import SCHEDULE_FIELDS
 from ._table import (
     CLAIM_FIELDS,
     LIST_STATES,
@@ -60,6 +61,7 @@ __all__ = [
     "MISSED_POLICIES",
     "QUEUE_FIELDS",
     "ROW_FIELDS",
+    "SCHEDULE_FIELDS",
     "SEARCH_SCAN",
     "UPDATE_FIELDS",
     "Changes",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -219,9 +219,11 @@ def _cron_after(spec: ScheduleSpec, after: float) -> float | None:
 
 def _cron_at_or_before(spec: ScheduleSpec, at: float) -> float | None:
     """The latest cron match at or before ``at`` (cronsim's reverse walk is strict, and
-    works in whole seconds: start it just past ``at``'s second)."""
+    works in whole seconds: start it just past ``at``'s second). The start is made from
+    the Unix time, not by adding a second to a local time: that sum drops ``fold``, and
+    in the hour a fall-back repeats it would start the walk an hour early."""
     assert spec.cron is not None
-    start = datetime.fromtimestamp(math.floor(at), _zone(spec.tz)) + timedelta(seconds=1)
+    start = datetime.fromtimestamp(math.floor(at) + 1, _zone(spec.tz))
     try:
         found = next(iter(CronSim(_cron_text(spec.cron), start, reverse=True))).timestamp()
     except StopIteration:
@@ -255,7 +257,9 @@ def _ticks_back(spec: ScheduleSpec, first: float, now: float, n: int) -> list[fl
     found: list[float] = []
     if spec.every_s is not None:
         anchor = spec.start_at if spec.start_at is not None else 0.0
-        k = math.floor((now - anchor) / spec.every_s)
+        # One step past the quotient: it may round down across a tick that ``next_tick``
+        # computed as ``anchor + k * every_s`` exactly (a tick looked at on the dot).
+        k = math.floor((now - anchor) / spec.every_s) + 1
         while len(found) < n:
             tick = anchor + k * spec.every_s
             if tick < first:
@@ -287,7 +291,7 @@ def fire(spec: ScheduleSpec, next_at: float, now: float) -> tuple[list[float], f
     keep = spec.max_catch_up if spec.missed == "each" else 1
     last = now if spec.end_at is None else min(now, spec.end_at)
     ticks = _ticks_back(spec, next_at, last, keep)
-    if spec.missed == "skip" and now - ticks[-1] >= MISSED_GRACE_S:
+    if ticks and spec.missed == "skip" and now - ticks[-1] >= MISSED_GRACE_S:
         ticks = []
     return ticks, next_tick(spec, now)
 

@@ -46,6 +46,8 @@ from ._errors import InvalidArgument
 from ._flow import NEVER as _NEVER
 from ._flow import Flow, Part
 from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
+from ._schedule import ScheduleInfo, ScheduleSpec
+from ._schedules import Schedules
 from ._types import (
     LIMIT_FIELDS,
     Job,
@@ -1383,6 +1385,8 @@ class JobTable:
         self._journal_queues: set[Queue] = set()
         # Queues where a concurrency slot freed since the last take_freed().
         self._freed: set[Queue] = set()
+        # The schedules (SCH-1 on): their registry, heap of next ticks and journal.
+        self._schedules = Schedules(self)
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -1410,6 +1414,65 @@ class JobTable:
     def queues(self) -> list[str]:
         """The names of every queue made so far, in the order they were made."""
         return list(self._queues)
+
+    def _detached_queue(self, name: str) -> Queue:
+        """A queue called ``name`` with the default options that the table does not
+        hold: what a check of a job for a queue not made yet resolves against."""
+        return Queue(self, name, QueueOpts())
+
+    # -- schedules (docs/contract.md, "Schedules"; the registry is _schedules.py) ---------
+
+    def set_schedule(self, spec: ScheduleSpec) -> ScheduleInfo:
+        """Make schedule ``spec.id``, or replace its definition (SCH-1, SCH-4 to SCH-6).
+
+        Checks the timing (``check_timing``), the queue's name, and the payload and every
+        job option exactly as an enqueue on that queue would; raises ``InvalidArgument``
+        naming the field (``cron``, ``priority``...), nothing changed. A new schedule
+        fires first at its first tick strictly after now; a change that keeps the timing
+        (``same_timing``) keeps its progress (``next_at``, ``last_at``, ``last_job``,
+        ``fired``); one that changes it fires next at the new timing's first tick after
+        now. Setting the same definition again changes nothing. The queue is made on
+        first use. The info's ``spec.payload`` is the JSON value the jobs carry."""
+        return self._schedules.define(spec, self._now())
+
+    def delete_schedule(self, schedule_id: str) -> bool:
+        """Delete the schedule (SCH-9): whether it existed. The jobs it made stay."""
+        return self._schedules.delete(schedule_id)
+
+    def pause_schedule(self, schedule_id: str, paused: bool) -> ScheduleInfo | None:
+        """Pause (no job, ``next_at`` ``None``) or resume (next tick: the first after
+        now; the ticks meanwhile are skipped, not missed) the schedule (SCH-6). ``None``:
+        no such schedule. Pausing a paused one, or resuming a running one, changes
+        nothing."""
+        return self._schedules.pause(schedule_id, paused, self._now())
+
+    def run_schedule(self, schedule_id: str) -> str | None:
+        """Make one job of the schedule now, paused or ended alike, keyed
+        ``schedule:<id>:run:<ms>`` (SCH-7); its next tick is unchanged, and the job counts
+        in ``fired``, ``last_at`` and ``last_job``. The job's id; ``None``: no such
+        schedule."""
+        return self._schedules.run(schedule_id, self._now())
+
+    def get_schedule(self, schedule_id: str) -> ScheduleInfo | None:
+        """The schedule and where it stands, or ``None``."""
+        return self._schedules.get(schedule_id)
+
+    def get_schedules(self, ids: Sequence[str]) -> list[ScheduleInfo]:
+        """The schedules ``ids`` name, in that order; unknown ids are left out."""
+        return self._schedules.get_many(list(ids))
+
+    def list_schedules(self, after: str | None = None, limit: int = 100) -> list[ScheduleInfo]:
+        """A page of up to ``limit`` (at most ``MAX_LIST_LIMIT``) schedules in id order,
+        starting after the id ``after``: O(log s + limit)."""
+        return self._schedules.page(after, limit)
+
+    def fire_schedules(self) -> list[str]:
+        """Fire every schedule due now (SCH-3, SCH-4): each tick ``fire`` says makes one
+        job, keyed ``tick_key(id, tick)``, and the schedule's progress moves on, in one
+        journal with the jobs. The names of the queues that got a job. The driver calls
+        it when ``next_event_at()`` comes; it costs O(log s) per schedule due and nothing
+        for the others."""
+        return sorted(self._schedules.fire_due(self._now()))
 
     # -- by id alone (the broker gets bare ids) -------------------------------------------
 
@@ -1536,16 +1599,24 @@ class JobTable:
         """The earliest time anything timed happens, or ``None`` if nothing is timed (TIM-4).
 
         That is the earliest of: a scheduled job maturing, a lease lapsing, a job
-        expiring, a dead row's retention ending. A time at or before now means a sweep
-        is due now. Jobs already claimable are not events: the caller claims them when
-        it has room.
+        expiring, a dead row's retention ending, an un-paused schedule's next tick. A
+        time at or before now means a sweep, or ``fire_schedules()``, is due now. Jobs
+        already claimable are not events: the caller claims them when it has room.
 
         O(log queues) for each queue changed since the last call, not O(queues): the
         dispatcher asks after every pass. Each queue's next event sits in one heap; a
         change to a queue (every row change goes through ``_touch``) marks it for a fresh
         look, and so does its event coming due, since a job maturing is no event.
+        Schedules keep their next ticks in a heap of their own: its top, O(1).
         """
-        now = self._now()
+        at = self._next_queue_event(self._now())
+        tick = self._schedules.next_at()
+        if tick is not None and (at is None or tick < at):
+            return tick
+        return at
+
+    def _next_queue_event(self, now: float) -> float | None:
+        """``next_event_at`` of the queues alone."""
         events = self._events
         dirty = self._timing_dirty
         looked: set[Queue] | None = None
@@ -1581,7 +1652,7 @@ class JobTable:
     @property
     def has_changes(self) -> bool:
         """Whether anything changed since the last ``take_changes()``."""
-        return bool(self._journal) or bool(self._journal_queues)
+        return bool(self._journal) or bool(self._journal_queues) or self._schedules.has_changes
 
     def take_changes(self) -> Changes:
         """What changed since the last call, as plain tuples a store can write as they are.
@@ -1591,7 +1662,10 @@ class JobTable:
         (``updates``: only the fields a row's life changes, not its payload), or as a
         ``CLAIM_FIELDS`` tuple when claims are all that changed it (``claims``); a deleted
         row as its seq (``deleted``; a row enqueued and deleted since the last call comes
-        not at all). Each changed queue comes as ``QUEUE_FIELDS``. Call it on the thread
+        not at all). Each changed queue comes as ``QUEUE_FIELDS``, each changed schedule
+        whole as ``SCHEDULE_FIELDS`` (``schedules``) and each deleted one as its id
+        (``schedules_deleted``): a store writes them all in one transaction, the jobs a
+        tick made with the schedule's progress (SCH-3). Call it on the thread
         that uses the table: the tuples are snapshots, safe to hand to another thread
         afterwards.
         """
@@ -1623,7 +1697,10 @@ class JobTable:
         self._journal_claims = set()
         self._journal_queues = set()
         meta = (self.id_prefix, self._seq, self._leases_issued)
-        return Changes(upserts, deleted, queues, meta, updates, claims)
+        schedules, schedules_deleted = self._schedules.take()
+        return Changes(
+            upserts, deleted, queues, meta, updates, claims, schedules, schedules_deleted
+        )
 
     def held_leases(self) -> list[tuple[str, str, str]]:
         """``(job id, lease, worker id)`` of every job under a valid lease now, in no order.
@@ -1654,13 +1731,16 @@ class JobTable:
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
         max_payload_bytes: int = 1 << 20,
+        schedules: Iterable[tuple[Any, ...]] = (),
     ) -> JobTable:
         """A table rebuilt from what ``take_changes()`` gave a store, journal on.
 
         ``meta`` is ``(id_prefix, seq, leases_issued)``; ``queues`` are ``QUEUE_FIELDS``
-        tuples and ``rows`` ``ROW_FIELDS`` tuples, in any order. Leases valid at the
-        save stay valid until their deadline. Raises ``ValueError`` for a row that names
-        an unknown state. Costs O(n) (heaps are built in one go, not row by row).
+        tuples, ``rows`` ``ROW_FIELDS`` tuples and ``schedules`` ``SCHEDULE_FIELDS``
+        tuples, in any order. A schedule keeps its progress: a ``next_at`` already past
+        fires at the first ``fire_schedules()``, by its ``missed`` policy (SCH-4). Leases
+        valid at the save stay valid until their deadline. Raises ``ValueError`` for a
+        row that names an unknown state. Costs O(n) (heaps are built in one go, not row by row).
         """
         id_prefix, seq, leases_issued = meta
         table = cls(clock=clock, rng=rng, id_prefix=id_prefix, max_payload_bytes=max_payload_bytes)
@@ -1716,6 +1796,7 @@ class JobTable:
         for row in keyed:  # O(log n) each (keyed rows are not in the bulk-built heaps)
             row.queue._make_ready(row, now)
             row.queue._n_ready += 1
+        table._schedules.restore(schedules)
         table.start_journal()
         return table
 
@@ -1882,6 +1963,9 @@ class Changes(NamedTuple):
     meta: tuple[str, int, int]  # id_prefix, last seq, leases issued
     updates: list[tuple[Any, ...]]  # UPDATE_FIELDS tuples
     claims: list[tuple[Any, ...]]  # CLAIM_FIELDS tuples
+    # (These two last, with defaults, so that a Changes made without them still is one.)
+    schedules: list[tuple[Any, ...]] = []  # SCHEDULE_FIELDS tuples  # noqa: RUF012
+    schedules_deleted: list[str] = []  # ids  # noqa: RUF012
 
 
 def _row_tuple(row: _Row) -> tuple[Any, ...]:

@@ -75,7 +75,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..engine import CLAIM_FIELDS, QUEUE_FIELDS, ROW_FIELDS, UPDATE_FIELDS, Changes, JobTable
+from ..engine import (
+    CLAIM_FIELDS,
+    QUEUE_FIELDS,
+    ROW_FIELDS,
+    SCHEDULE_FIELDS,
+    UPDATE_FIELDS,
+    Changes,
+    JobTable,
+)
 from ._base import StoreError
 from ._claim_log import ClaimLog, LoggedClaims
 from ._marker import CommitMarker, Marked
@@ -154,8 +162,40 @@ ALTER TABLE jobs ADD COLUMN partition TEXT;
 ALTER TABLE queues ADD COLUMN limits TEXT;
 """
 
+# Version 5: schedules (docs/contract.md, SCH-1 on), a row each, as SCHEDULE_FIELDS: the
+# definition (its payload as JSON bytes, as a job's), then its progress. A commit writes
+# the jobs a tick made and the schedule's next tick in one transaction (SCH-3).
+_SCHEMA_V5 = """
+CREATE TABLE schedules (
+    id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    cron TEXT,
+    every_s REAL,
+    tz TEXT NOT NULL,
+    start_at REAL,
+    end_at REAL,
+    missed TEXT NOT NULL,
+    max_catch_up INTEGER NOT NULL,
+    paused INTEGER NOT NULL,
+    priority INTEGER NOT NULL,
+    max_attempts INTEGER,
+    visibility_timeout_s REAL,
+    expires_s REAL,
+    backoff_base_s REAL,
+    timeout_s REAL,
+    partition TEXT,
+    next_at REAL,
+    last_at REAL,
+    last_job TEXT,
+    fired INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
+_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
 # keeps the WAL to some MB ("normal" restarts it less often, see _RESTART_FRAMES).
@@ -193,6 +233,10 @@ _UPDATE_JOB = (
 )
 # Where the CLAIM_FIELDS sit in a ROW_FIELDS tuple (a claim record laid over its row).
 _CLAIM_AT = tuple(ROW_FIELDS.index(name) for name in CLAIM_FIELDS)
+_UPSERT_SCHEDULE = (
+    f"INSERT OR REPLACE INTO schedules ({', '.join(SCHEDULE_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in SCHEDULE_FIELDS)})"
+)
 _UPSERT_QUEUE = (
     f"INSERT INTO queues ({', '.join(QUEUE_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in QUEUE_FIELDS)}) ON CONFLICT (name) DO UPDATE SET "
@@ -402,6 +446,7 @@ class SqliteStore:
                 )
             else:  # no job was under a lease: the rows as they are
                 rows = db.execute(f"SELECT {columns} FROM jobs ORDER BY seq")
+            schedules = db.execute(f"SELECT {', '.join(SCHEDULE_FIELDS)} FROM schedules")
             table = JobTable.restore(
                 (meta[0], meta[1], leases_issued),
                 queues,
@@ -409,6 +454,7 @@ class SqliteStore:
                 clock=clock,
                 rng=rng,
                 max_payload_bytes=max_payload_bytes,
+                schedules=schedules,
             )
             if late:
                 self._keep_logged(db, late, claims, leases_issued)
@@ -773,9 +819,15 @@ class SqliteStore:
         # A commit of claims only (the rows they change are all in the file already)
         # goes to the claim log first: they then survive a killed broker, so the pushes
         # leave before the commit is written, and the worker starts on its window while
-        # the broker writes.
+        # the broker writes. (A schedule's change is not a claim: the log cannot hold it.)
         log = self._claim_log
-        if log is not None and packed is not None and not (changes.upserts or changes.updates):
+        if (
+            log is not None
+            and packed is not None
+            and not (
+                changes.upserts or changes.updates or changes.schedules or changes.schedules_deleted
+            )
+        ):
             log.append(self._commit_no + 1, changes.meta[2], *packed)
             written()
             self.write(changes, packed)
@@ -837,6 +889,13 @@ class SqliteStore:
                     )
                 if changes.queues:
                     db.executemany(_UPSERT_QUEUE, changes.queues)
+                if changes.schedules_deleted:
+                    db.executemany(
+                        "DELETE FROM schedules WHERE id = ?",
+                        [(i,) for i in changes.schedules_deleted],
+                    )
+                if changes.schedules:  # in the transaction of the jobs their ticks made
+                    db.executemany(_UPSERT_SCHEDULE, changes.schedules)
                 db.execute(
                     "INSERT INTO meta (id, id_prefix, seq, leases_issued, commits) "
                     "VALUES (1, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET id_prefix = "
