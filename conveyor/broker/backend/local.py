@@ -9,8 +9,9 @@ frame made from it waits in the commit gate (the backend's ``gate``) for what
 
 Time passes through the injected ``Scheduler``: one timer is kept set for the table's
 next event (``JobTable.next_event_at``, looked at once per loop turn that changed the
-table), and when it fires the table is swept and the listeners are told that work of
-any queue may be waiting.
+table, and holding the schedules' next ticks), and when it fires the due schedules fire
+(``JobTable.fire_schedules``: their jobs and progress ride the next commit together), the
+table is swept, and the listeners are told that work may be waiting.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from ..engine import (
     NewJob,
     QueueOpts,
     QueueStats,
+    ScheduleInfo,
+    ScheduleSpec,
     SweepResult,
 )
 from ..scheduler import Handle, Scheduler
@@ -165,10 +168,16 @@ class LocalBackend:
         if self._closed or self.failed is not None:
             return
         at = self.table.next_event_at()
+        fired: list[str] = []
         if at is not None and at <= self._scheduler.now():
+            # The ticks due make their jobs (SCH-3, SCH-4) in the journal that the next
+            # commit takes whole.
+            fired = self.table.fire_schedules()
             self.table.sweep_expired()
             self.gate.poke()
         self._arm_timer()
+        if fired:
+            self._listeners.work_waiting(frozenset(fired))
         # Which queues gained claimable jobs is not known without asking each one.
         self._listeners.work_waiting(None)
 
@@ -469,6 +478,44 @@ class LocalBackend:
             known = set(names)
             names = [name for name in queues if name in known]
         return Ready({name: table.queue(name).stats() for name in names})
+
+    # -- schedules (SCH-1 on: the engine decides; its timer fires them, see _on_timer) ----
+
+    def set_schedule(self, spec: ScheduleSpec) -> Ready[ScheduleInfo]:
+        self._check()
+        info = self.table.set_schedule(spec)
+        self._changed()
+        return Ready(info)
+
+    def delete_schedule(self, schedule_id: str) -> Ready[bool]:
+        self._check()
+        existed = self.table.delete_schedule(schedule_id)
+        self._changed()
+        return Ready(existed)
+
+    def pause_schedule(self, schedule_id: str, paused: bool) -> Ready[ScheduleInfo | None]:
+        self._check()
+        info = self.table.pause_schedule(schedule_id, paused)
+        self._changed()
+        return Ready(info)
+
+    def run_schedule(self, schedule_id: str) -> Ready[str | None]:
+        self._check()
+        job_id = self.table.run_schedule(schedule_id)
+        if job_id is not None:
+            self._changed()
+            info = self.table.get_schedule(schedule_id)
+            assert info is not None
+            self._listeners.work_waiting(frozenset([info.spec.queue]))
+        return Ready(job_id)
+
+    def schedules(
+        self, ids: Sequence[str] | None = None, after: str | None = None, limit: int = 100
+    ) -> Ready[list[ScheduleInfo]]:
+        self._check()
+        if ids is not None:
+            return Ready(self.table.get_schedules(ids))
+        return Ready(self.table.list_schedules(after, limit))
 
     def sweep(self) -> Ready[SweepResult]:
         self._check()
