@@ -638,8 +638,8 @@ def run_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
 
 
 def list_schedules(conn: Peer, f: dict[str, Any]) -> Reply:
-    """The schedules named by ``ids``, or a page of them all in id order after ``after``:
-    one more than ``limit`` is asked for, to know whether a page follows."""
+    """The schedules named by ``ids``, or a page of them all in id order after ``after``,
+    with the ``after`` of the next page (``None``: none follows)."""
     ids, limit = f["ids"], f["limit"]
     if not 1 <= limit <= MAX_SCHEDULE_LIMIT:
         raise WireError(
@@ -653,15 +653,19 @@ def list_schedules(conn: Peer, f: dict[str, Any]) -> Reply:
             lambda found: {"schedules": [schedule_info(i) for i in found], "next": None},
         )
 
+    # One more than asked says whether a page follows; a full page of the most the
+    # backend gives cannot say, and names its last id (the page after may be empty).
+    ask = min(limit + 1, MAX_SCHEDULE_LIMIT)
+
     def reply(found: list[ScheduleInfo]) -> Result:
         page = found[:limit]
-        more = len(found) > limit
+        more = len(found) > limit or (ask == limit and len(page) == limit)
         return {
             "schedules": [schedule_info(info) for info in page],
             "next": page[-1].spec.id if more else None,
         }
 
-    return then(conn.broker.backend.schedules(after=f["after"], limit=limit + 1), reply)
+    return then(conn.broker.backend.schedules(after=f["after"], limit=ask), reply)
 
 
 def sweep(conn: Peer, f: dict[str, Any]) -> Reply:
