@@ -1701,22 +1701,29 @@ function fmtEvery(seconds) {
   return `every ${Number(seconds.toFixed(3))} s`;
 }
 
-// A schedule's timing in words, with its zone when the zone says when it fires.
+// A schedule's timing in words, with its zone when the zone says when it fires: the
+// words and the zone ("every 5 min", "") or ("cron 30 2 * * *", "(Europe/Paris)").
 function fmtTiming(s) {
-  if (typeof s.every_s === "number") return fmtEvery(s.every_s);
+  if (typeof s.every_s === "number") return [fmtEvery(s.every_s), ""];
   const cron = String(s.cron ?? "");
-  return `${cron.startsWith("@") ? cron.slice(1) : `cron ${cron}`} (${s.tz ?? "UTC"})`;
+  return [cron.startsWith("@") ? cron.slice(1) : `cron ${cron}`, `(${s.tz ?? "UTC"})`];
 }
 
-// A time with how far it is from the broker's now: "14:05:00 (in 4 min)", "14:00:00 (5 s ago)".
-function fmtWhen(epoch, at) {
-  if (typeof epoch !== "number") return "–";
+// The timing cell: the words and the zone, each on one line, so a narrow column breaks
+// between them and never inside a cron expression.
+function timingCell(s) {
+  const [words, zone] = fmtTiming(s);
+  const cell = el("td", { "data-field": "timing", title: s.cron ? `${s.cron} in ${s.tz}` : null });
+  cell.append(el("span", { class: "when", text: words }));
+  if (zone) cell.append(" ", el("span", { class: "when", text: zone }));
+  return cell;
+}
+
+// How far a time is from the broker's now: "in 4 min", "5 s ago", "now".
+function fmtRelative(epoch, at) {
   const delta = epoch - at;
-  let rel;
-  if (Math.abs(delta) < 1) rel = "now";
-  else if (delta > 0) rel = `in ${fmtDuration(delta)}`;
-  else rel = `${fmtDuration(-delta)} ago`;
-  return `${fmtTime(epoch)} (${rel})`;
+  if (Math.abs(delta) < 1) return "now";
+  return delta > 0 ? `in ${fmtDuration(delta)}` : `${fmtDuration(-delta)} ago`;
 }
 
 function scheduleState(s) {
@@ -1787,8 +1794,11 @@ function renderSchedules(at) {
     schedules.times = [];
     $("schedules-body").replaceChildren(...list.map((s) => scheduleRow(s, admin)));
   }
+  // A time as "14:05:00 (in 4 min)": two spans, so that a narrow column breaks between them.
   for (const [cell, epoch] of schedules.times) {
-    setText(cell, fmtWhen(epoch, at));
+    const [time, rel] = cell.children;
+    setText(time, fmtTime(epoch));
+    setText(rel, `(${fmtRelative(epoch, at)})`);
     cell.title = fmtDate(epoch);
   }
   $("schedules-table").hidden = list.length === 0;
@@ -1803,8 +1813,9 @@ function renderSchedules(at) {
 }
 
 function timeCell(field, epoch) {
-  const cell = el("td", { "data-field": field, text: "–" });
-  if (typeof epoch === "number") schedules.times.push([cell, epoch]);
+  if (typeof epoch !== "number") return el("td", { "data-field": field, text: "–" });
+  const cell = el("td", { "data-field": field }, el("span", { class: "when" }), " ", el("span", { class: "when" }));
+  schedules.times.push([cell, epoch]);
   return cell;
 }
 
@@ -1817,7 +1828,7 @@ function scheduleRow(s, admin) {
     { "data-testid": `schedule-row-${id}`, "data-schedule": id, "data-state": status },
     el("th", { scope: "row", class: "mono", "data-field": "id", text: id }),
     el("td", { "data-field": "queue", text: s.queue ?? "" }),
-    el("td", { "data-field": "timing", text: fmtTiming(s), title: s.cron ? `${s.cron} in ${s.tz}` : null }),
+    timingCell(s),
     timeCell("next_at", status === "active" ? s.next_at : null),
     timeCell("last_at", s.last_at),
     el(
