@@ -209,7 +209,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds a dropped worker's jobs wait (CONVEYOR_DISCONNECT_GRACE; 5)",
     )
-    add("--queues", metavar="FILE", help="TOML file of per-queue options (CONVEYOR_QUEUES)")
+    add(
+        "--queues",
+        metavar="FILE",
+        help="TOML file of per-queue options, limits and schedules (CONVEYOR_QUEUES)",
+    )
     add(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
