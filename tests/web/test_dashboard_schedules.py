@@ -171,3 +171,17 @@ async def test_the_card_fits_a_420_px_window(broker: Broker, browser: Browser) -
         assert card_box is not None and card_box["x"] + card_box["width"] <= 420
     finally:
         await context.close()
+
+
+async def test_the_card_follows_the_brokers_own_ticks(broker: Broker, tab: Tab) -> None:
+    # No action on the page: the card asks for its page again by itself (every 3 s while
+    # visible), so the jobs the broker's ticks make show up.
+    async with Client(broker.url) as client:
+        await client.set_schedule("every-second", "beats", every_s=1)
+        page = await open_dashboard(tab, broker)
+        fired = cell(page, "every-second", "fired")
+        await expect(fired).to_have_text(re.compile(r"^[0-9]$"))
+        shown = int(await fired.inner_text())
+        await expect(fired).not_to_have_text(str(shown), timeout=8000)
+        await expect(cell(page, "every-second", "last_job")).not_to_have_text(DASH)
+    assert tab.seen.errors == []
