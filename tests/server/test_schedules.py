@@ -5,11 +5,15 @@ and ticks that make exactly their jobs, on the broker's clock moved by the test 
 
 from __future__ import annotations
 
+import datetime
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conveyor.broker.config import ConfigError, load_queues, load_schedules
+from conveyor.broker.engine import ScheduleSpec
 from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.sdk._wire import Role
 
@@ -265,3 +269,30 @@ async def test_a_payload_with_markup_comes_back_as_it_was_sent(client: ClientFac
     assert made["payload"] == payload
     (listed,) = (await admin.call("list_schedules"))["schedules"]
     assert json.dumps(listed["payload"]) == json.dumps(payload)
+
+
+def test_the_queues_file_reads_schedules_with_toml_date_times(tmp_path: Path) -> None:
+    path = tmp_path / "queues.toml"
+    path.write_text(
+        "[queues.reports]\nmax_attempts = 3\n\n"
+        "[schedules.nightly]\nqueue = 'reports'\ncron = '@daily'\ntz = 'Asia/Tokyo'\n"
+        "start_at = 2027-01-01T00:00:00Z\nend_at = 1900000000\n"
+        "payload = { kind = 'daily', pages = [1, 2] }\npriority = 2\nmissed = 'each'\n"
+    )
+    (spec,) = load_schedules(path).values()
+    start = datetime.datetime(2027, 1, 1, tzinfo=datetime.UTC).timestamp()
+    assert spec == ScheduleSpec(
+        id="nightly",
+        queue="reports",
+        payload={"kind": "daily", "pages": [1, 2]},
+        cron="@daily",
+        tz="Asia/Tokyo",
+        start_at=start,
+        end_at=1900000000,
+        missed="each",
+        priority=2,
+    )
+    assert load_queues(path)[0]["reports"].max_attempts == 3  # the queues still read
+    path.write_text("[schedule.nightly]\nqueue = 'r'\n")
+    with pytest.raises(ConfigError, match=r"unknown top-level key 'schedule'.*\[schedules\.ID\]"):
+        load_schedules(path)
