@@ -56,6 +56,7 @@ def sample(kind: Kind) -> Any:
         Kind.NUMBER: 1.5,
         Kind.ANY: {"any": [1, None]},
         Kind.STRINGS: ["a", "b"],
+        Kind.BOOLEAN: True,
     }[kind]
 
 
@@ -71,6 +72,8 @@ def minimal(op: str) -> dict[str, Any]:
 def sample_field(f: Field) -> Any:
     if f.kind is Kind.OBJECTS:
         return [{sub.name: sample_field(sub) for sub in f.items if sub.required}]
+    if f.kind is Kind.OBJECT:
+        return {sub.name: sample_field(sub) for sub in f.items if sub.required}
     return sample(f.kind)
 
 
@@ -80,8 +83,10 @@ def every_field() -> list[tuple[str, str, Field]]:
     for name, spec in OPS.items():
         for f in spec.fields:
             out.append((name, f.name, f))
+            # An array's entry 0 (``jobs[0].priority``), an object's member (``schedule.tz``).
+            at = f"{f.name}." if f.kind is Kind.OBJECT else f"{f.name}[0]."
             for sub in f.items:
-                out.append((name, f"{f.name}[0].{sub.name}", sub))
+                out.append((name, f"{at}{sub.name}", sub))
     return out
 
 
@@ -94,10 +99,13 @@ def with_entry(frame: dict[str, Any], outer: str) -> dict[str, Any]:
 
 
 def put(frame: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``path`` (``"x"`` or ``"x[0].y"``) in a frame built by ``minimal``."""
+    """Set ``path`` (``"x"``, ``"x[0].y"`` or ``"x.y"``) in a frame built by ``minimal``."""
     if "[0]." in path:
         outer, inner = path.split("[0].")
         with_entry(frame, outer)[inner] = value
+    elif "." in path:
+        outer, inner = path.split(".")
+        frame[outer][inner] = value
     else:
         frame[path] = value
 
@@ -368,6 +376,9 @@ def test_missing_required_field(op: str, path: str) -> None:
     if "[0]." in path:
         outer, inner = path.split("[0].")
         del with_entry(frame, outer)[inner]
+    elif "." in path:
+        outer, inner = path.split(".")
+        del frame[outer][inner]
     else:
         del frame[path]
     err = raises(ErrorCode.INVALID_ARGUMENT, check_all, frame)
@@ -380,6 +391,8 @@ _WRONG: dict[Kind, list[Any]] = {
     Kind.NUMBER: [True, False, "1.5", [], {}],
     Kind.STRINGS: ["a", {}, 3, [1], ["a", None]],
     Kind.OBJECTS: [{}, "x", [1], [None], [[]]],
+    Kind.OBJECT: [[], "x", 1, True],
+    Kind.BOOLEAN: [1, 0, "true", [], {}],
 }
 
 
@@ -506,6 +519,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
         ("heartbeat_batch", "items"),
         ("subscribe", "leases"),
         ("cancel_batch", "ids"),
+        ("list_schedules", "ids"),
     }
 
 
@@ -568,6 +582,12 @@ ROLES_BY_OP = {
     "purge_dead": {A},
     "sweep": {A},
     "set_limits": {A},
+    "set_schedule": {A},
+    "delete_schedule": {A},
+    "pause_schedule": {A},
+    "resume_schedule": {A},
+    "run_schedule": {A},
+    "list_schedules": {P, R, A},
     "back_off": {W, A},
     "watch": {R, A},
 }
@@ -821,6 +841,15 @@ def _near_valid(f: Field) -> st.SearchStrategy[Any]:
             },
         )
         return st.lists(item, max_size=4) | _json_values
+    if f.kind is Kind.OBJECT:
+        members = st.fixed_dictionaries(
+            {},
+            optional={
+                **{sub.name: _near_valid(sub) for sub in f.items},
+                "zzz": _json_values,
+            },
+        )
+        return members | _json_values
     if f.kind is Kind.STRINGS:
         return st.lists(st.sampled_from(["a", "b", ""]) | _json_values, max_size=4)
     valid = {
@@ -828,6 +857,7 @@ def _near_valid(f: Field) -> st.SearchStrategy[Any]:
         Kind.INTEGER: st.integers(-3, 3),
         Kind.NUMBER: st.integers(-3, 3) | st.floats(-1e3, 1e3),
         Kind.ANY: _json_values,
+        Kind.BOOLEAN: st.booleans(),
     }[f.kind]
     return valid | valid | st.booleans() | st.none() | _json_values
 

@@ -103,7 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         with asyncio.Runner(loop_factory=factory) as runner:
             failed = runner.run(serve_until_signalled(config, ready))
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:  # (a schedule the job table refused at start)
         print(f"conveyor: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except OSError as exc:

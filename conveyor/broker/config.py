@@ -11,12 +11,20 @@ Per-queue options come from a TOML file (``--queues FILE``) of the form::
     per_s = 60
     partition_concurrency = 2
 
-``load_queues`` raises ``ConfigError`` with the file, queue and field named.
+    [schedules.nightly-report]    # a schedule (docs/schedules.md), set at every start
+    queue = "reports"
+    cron = "30 2 * * *"
+    tz = "Europe/Paris"
+    payload = { kind = "daily" }
+
+``load_queues`` and ``load_schedules`` raise ``ConfigError`` with the file, the queue or
+schedule, and the field named.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -25,10 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from ..sdk._loop import LOOP_HELP, LOOPS, loop_problem
-from ..sdk._wire import DEFAULT_MAX_FRAME_BYTES, Role
-from .engine import LIMIT_FIELDS, InvalidArgument, JobTable, Limits, QueueOpts
+from ..sdk._wire import DEFAULT_MAX_FRAME_BYTES, OPS, Op, Role, WireError, validate_fields
+from .engine import LIMIT_FIELDS, InvalidArgument, JobTable, Limits, QueueOpts, ScheduleSpec
+from .engine._schedule import check_timing
 
-__all__ = ["Config", "ConfigError", "add_serve_arguments", "config_from_args", "load_queues"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "add_serve_arguments",
+    "config_from_args",
+    "load_queues",
+    "load_schedules",
+]
 
 ROLES = ("admin", "publish", "work", "read")
 
@@ -63,6 +79,11 @@ class Config:
     queue_opts: Mapping[str, QueueOpts] = field(default_factory=dict)
     # Flow-control limits of the queues file, set at every start (FLW-1).
     queue_limits: Mapping[str, Limits] = field(default_factory=dict)
+    # The schedules of the queues file, set at every start (docs/schedules.md): a
+    # definition the table already holds unchanged keeps its progress (SCH-5).
+    schedules: Mapping[str, ScheduleSpec] = field(default_factory=dict)
+    # The queues file they came from, to name it when the job table refuses one.
+    queues_file: str | None = None
     log_level: str = "info"
     loop: str = "auto"
     max_prefetch: int = 1000
@@ -188,7 +209,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         help="seconds a dropped worker's jobs wait (CONVEYOR_DISCONNECT_GRACE; 5)",
     )
-    add("--queues", metavar="FILE", help="TOML file of per-queue options (CONVEYOR_QUEUES)")
+    add(
+        "--queues",
+        metavar="FILE",
+        help="TOML file of per-queue options, limits and schedules (CONVEYOR_QUEUES)",
+    )
     add(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
@@ -253,6 +278,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         allowed_hosts += [h.strip() for h in env_hosts.split(",") if h.strip()]
     queues_file = _pick(args.queues, "QUEUES", str, None)
     queue_opts, queue_limits = load_queues(Path(queues_file)) if queues_file else ({}, {})
+    schedules = load_schedules(Path(queues_file)) if queues_file else {}
     db_path = _pick(args.db, "DB", str, "conveyor.db")
     store = _pick(args.store, "STORE", str, None)
     if store is None:
@@ -283,6 +309,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         disconnect_grace_s=_pick(args.disconnect_grace, "DISCONNECT_GRACE", float, 5.0),
         queue_opts=queue_opts,
         queue_limits=queue_limits,
+        schedules=schedules,
+        queues_file=queues_file,
         log_level=_pick(args.log_level, "LOG_LEVEL", str, "info"),
         loop=_pick(args.loop, "LOOP", str, "auto"),
     )
@@ -336,9 +364,9 @@ def check(config: Config) -> None:
         raise ConfigError(f"log_level: unknown level {config.log_level!r}")
 
 
-def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
-    """Per-queue options, and the limits of the queues that set any, from a TOML file;
-    raises ``ConfigError`` naming what is wrong."""
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The queues file's tables; ``ConfigError`` for a file unreadable or not TOML, or a
+    top-level key other than ``queues`` and ``schedules``."""
     try:
         with path.open("rb") as file:
             data = tomllib.load(file)
@@ -346,11 +374,19 @@ def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    unknown = set(data) - {"queues"}
+    unknown = set(data) - {"queues", "schedules"}
     if unknown:
         raise ConfigError(
-            f"{path}: unknown top-level key {sorted(unknown)[0]!r}; use [queues.NAME]"
+            f"{path}: unknown top-level key {sorted(unknown)[0]!r}; "
+            "use [queues.NAME] or [schedules.ID]"
         )
+    return data
+
+
+def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
+    """Per-queue options, and the limits of the queues that set any, from a TOML file;
+    raises ``ConfigError`` naming what is wrong."""
+    data = _read_toml(path)
     queues = data.get("queues", {})
     if not isinstance(queues, dict):
         raise ConfigError(f"{path}: 'queues' must be a table of [queues.NAME] tables")
@@ -378,3 +414,65 @@ def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
             raise ConfigError(f"{path}: [queues.{name}] {exc}") from None
         result[name] = opts
     return result, limits
+
+
+_SCHEDULE_SPEC = OPS[Op.SET_SCHEDULE].by_name["schedule"]
+_SCHEDULE_MEMBERS = {f.name for f in _SCHEDULE_SPEC.items} - {"id"}
+
+
+def load_schedules(path: Path) -> dict[str, ScheduleSpec]:
+    """The ``[schedules.ID]`` tables of the queues file, as the schedules they define
+    (the members are ``set_schedule``'s: ``queue``, ``cron`` or ``every_s``, ``tz``,
+    ``payload``...; ``start_at`` and ``end_at`` may be TOML date-times with an offset).
+
+    Each is checked as the broker would check it, the timing by the engine's own rules
+    and the job options by a probe enqueue, so a bad one stops the start, not the first
+    tick: ``ConfigError`` naming the file, the schedule and the field."""
+    data = _read_toml(path)
+    tables = data.get("schedules", {})
+    if not isinstance(tables, dict):
+        raise ConfigError(f"{path}: 'schedules' must be a table of [schedules.ID] tables")
+    probe = JobTable(clock=lambda: 0.0)
+    found: dict[str, ScheduleSpec] = {}
+    for schedule_id, table in tables.items():
+        where = f"{path}: [schedules.{schedule_id}]"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} must be a table")
+        extra = set(table) - _SCHEDULE_MEMBERS
+        if extra:
+            raise ConfigError(
+                f"{where} {sorted(extra)[0]}: unknown option "
+                f"(known: {', '.join(sorted(_SCHEDULE_MEMBERS))})"
+            )
+        values = {name: _instant(value) for name, value in table.items()}
+        try:
+            checked = validate_fields(
+                OPS[Op.SET_SCHEDULE], {"schedule": {"id": schedule_id, **values}}
+            )["schedule"]
+        except WireError as exc:  # a member of the wrong type
+            raise ConfigError(f"{where} {exc.message.removeprefix('schedule.')}") from None
+        try:
+            spec = ScheduleSpec(**checked)
+            check_timing(spec)
+            probe.queue(spec.queue).enqueue(  # the engine's guards of a job's options
+                spec.payload,
+                priority=spec.priority,
+                max_attempts=spec.max_attempts,
+                visibility_timeout_s=spec.visibility_timeout_s,
+                expires_s=spec.expires_s,
+                backoff_base_s=spec.backoff_base_s,
+                timeout_s=spec.timeout_s,
+                partition=spec.partition,
+            )
+        except InvalidArgument as exc:
+            raise ConfigError(f"{where} {exc}") from None
+        found[schedule_id] = spec
+    return found
+
+
+def _instant(value: Any) -> Any:
+    """A TOML date-time as Unix seconds (one with no offset is read as local time, as
+    ``--run-at`` reads one); any other value as it is."""
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    return value

@@ -18,8 +18,10 @@ from ..sdk._wire import (
     BACK_OFF_SCOPES,
     JOB_STATES,
     MAX_LIST_LIMIT,
+    MAX_SCHEDULE_LIMIT,
     OPS,
     PROTOCOL_VERSION,
+    SCHEDULE_FIELDS,
     SERVER_NAME,
     SUPPORTED_PROTOCOLS,
     ErrorCode,
@@ -31,13 +33,23 @@ from ..sdk._wire import (
     encode,
     encode_payload,
     job_info,
+    raw_json,
 )
 from . import __version__
-from .backend import Backend, BackOff, Enqueue, JobList, Pending, Report, then
+from .backend import Backend, BackOff, Enqueue, JobList, Later, Pending, Report, then
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
-from .engine import LIMIT_FIELDS, InvalidArgument, Limits, NewJob, RawJSON, check_queue_name
+from .engine import (
+    LIMIT_FIELDS,
+    InvalidArgument,
+    Limits,
+    NewJob,
+    RawJSON,
+    ScheduleInfo,
+    ScheduleSpec,
+    check_queue_name,
+)
 from .feed import Feed, Viewer, queue_info
 
 __all__ = ["HANDLERS", "Broker", "Peer"]
@@ -536,6 +548,126 @@ def set_limits(conn: Peer, f: dict[str, Any]) -> Reply:
     )
 
 
+# -- schedules (docs/schedules.md; contract SCH-1 on). The backend keeps and fires them;
+# these only translate fields and answers.
+
+_SPEC_NAMES = tuple(f.name for f in SCHEDULE_FIELDS)
+
+
+def schedule_info(info: ScheduleInfo) -> dict[str, Any]:
+    """A schedule as ``list_schedules`` and ``set_schedule`` answer it: its definition's
+    fields (``set_schedule``'s names), then where it stands."""
+    spec = info.spec
+    out = {name: getattr(spec, name) for name in _SPEC_NAMES}
+    if isinstance(spec.payload, RawJSON):  # stored as the JSON it came as: spliced back
+        out["payload"] = raw_json(spec.payload.data)
+    out.update(
+        next_at=info.next_at,
+        last_at=info.last_at,
+        last_job=info.last_job,
+        fired=info.fired,
+        created_at=info.created_at,
+        updated_at=info.updated_at,
+    )
+    return out
+
+
+def schedule_spec(conn: Peer, fields: dict[str, Any]) -> ScheduleSpec:
+    """The ``ScheduleSpec`` of ``set_schedule``'s checked ``schedule`` object; its payload
+    checked and encoded once (``too_large`` naming ``schedule.payload``)."""
+    values = dict(fields)
+    values["payload"] = _payload(conn, values["payload"], "schedule.payload")
+    return ScheduleSpec(**values)
+
+
+def _in_schedule(exc: InvalidArgument) -> WireError:
+    """The backend's refusal of a schedule, its field under ``schedule`` as the request
+    holds it (``cron`` -> ``schedule.cron``)."""
+    inner = WireError(ErrorCode(exc.code), str(exc), exc.field)
+    return _within(inner, "schedule")
+
+
+def set_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
+    spec = schedule_spec(conn, f["schedule"])
+
+    def reply(done: Pending[ScheduleInfo]) -> Result:
+        try:
+            info = done.result()
+        except InvalidArgument as exc:
+            raise _in_schedule(exc) from None
+        return {"schedule": schedule_info(info)}
+
+    try:
+        pending = conn.broker.backend.set_schedule(spec)
+    except InvalidArgument as exc:  # (refused before any I/O)
+        raise _in_schedule(exc) from None
+    return _settled(pending, reply)
+
+
+def _settled(pending: Pending[Any], fn: Callable[[Pending[Any]], Result]) -> Reply:
+    """``fn`` of the settled call itself (not its value), so that ``fn`` sees what it
+    raised: at once when it is there, else when it comes."""
+    if pending.done():
+        return fn(pending)
+    later: Later[Result] = Later()
+    pending.add_done_callback(lambda done: later.settle(lambda: fn(done)))
+    return later
+
+
+def delete_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
+    return then(conn.broker.backend.delete_schedule(f["id"]), lambda done: {"deleted": done})
+
+
+def _paused(conn: Peer, f: dict[str, Any], paused: bool) -> Reply:
+    def reply(info: ScheduleInfo | None) -> Result:
+        return {"schedule": None if info is None else schedule_info(info)}
+
+    return then(conn.broker.backend.pause_schedule(f["id"], paused), reply)
+
+
+def pause_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
+    return _paused(conn, f, True)
+
+
+def resume_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
+    return _paused(conn, f, False)
+
+
+def run_schedule(conn: Peer, f: dict[str, Any]) -> Reply:
+    return then(conn.broker.backend.run_schedule(f["id"]), lambda job_id: {"id": job_id})
+
+
+def list_schedules(conn: Peer, f: dict[str, Any]) -> Reply:
+    """The schedules named by ``ids``, or a page of them all in id order after ``after``,
+    with the ``after`` of the next page (``None``: none follows)."""
+    ids, limit = f["ids"], f["limit"]
+    if not 1 <= limit <= MAX_SCHEDULE_LIMIT:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"limit: must be 1 to {MAX_SCHEDULE_LIMIT}, got {limit}",
+            "limit",
+        )
+    if ids is not None:
+        return then(
+            conn.broker.backend.schedules(ids=ids),
+            lambda found: {"schedules": [schedule_info(i) for i in found], "next": None},
+        )
+
+    # One more than asked says whether a page follows; a full page of the most the
+    # backend gives cannot say, and names its last id (the page after may be empty).
+    ask = min(limit + 1, MAX_SCHEDULE_LIMIT)
+
+    def reply(found: list[ScheduleInfo]) -> Result:
+        page = found[:limit]
+        more = len(found) > limit or (ask == limit and len(page) == limit)
+        return {
+            "schedules": [schedule_info(info) for info in page],
+            "next": page[-1].spec.id if more else None,
+        }
+
+    return then(conn.broker.backend.schedules(after=f["after"], limit=ask), reply)
+
+
 def sweep(conn: Peer, f: dict[str, Any]) -> Reply:
     return conn.broker.dispatcher.sweep()
 
@@ -573,4 +705,10 @@ HANDLERS: dict[Op, Handler] = {
     Op.SET_LIMITS: set_limits,
     Op.BACK_OFF: back_off,
     Op.WATCH: watch,
+    Op.SET_SCHEDULE: set_schedule,
+    Op.DELETE_SCHEDULE: delete_schedule,
+    Op.PAUSE_SCHEDULE: pause_schedule,
+    Op.RESUME_SCHEDULE: resume_schedule,
+    Op.RUN_SCHEDULE: run_schedule,
+    Op.LIST_SCHEDULES: list_schedules,
 }

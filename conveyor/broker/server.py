@@ -24,7 +24,7 @@ from ..sdk._wire import CLOSE_GOING_AWAY, WS_PATH, ErrorCode, WireError
 from . import __version__
 from .auth import TokenSlots
 from .backend import Backend, LocalBackend, database_scheduler, open_backend, ready
-from .config import Config
+from .config import Config, ConfigError
 from .connection import Connection
 from .dispatch import Dispatcher
 from .engine import InvalidArgument, QueueStats, check_queue_name
@@ -112,6 +112,13 @@ class Broker:
                 await backend.set_queue(name, opts)
             for name, limits in config.queue_limits.items():
                 await backend.set_limits(name, limits)
+            for schedule_id, spec in config.schedules.items():
+                try:
+                    await backend.set_schedule(spec)
+                except InvalidArgument as exc:  # (checked at load; the table's last word)
+                    raise ConfigError(
+                        f"{config.queues_file}: [schedules.{schedule_id}] {exc}"
+                    ) from None
             broker = cls(config, backend, scheduler, stopped)
             broker._owned_scheduler = owned
             if not backend.shared:

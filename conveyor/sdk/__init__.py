@@ -44,7 +44,7 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._tasks import Task
-from ._types import Fail, Job, JobInfo, JobPage, RateLimited, Retry
+from ._types import Fail, Job, JobInfo, JobPage, RateLimited, Retry, ScheduleInfo, SchedulePage
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -66,6 +66,8 @@ __all__ = [
     "NotFound",
     "RateLimited",
     "Retry",
+    "ScheduleInfo",
+    "SchedulePage",
     "SyncClient",
     "Task",
     "TooLarge",

@@ -3,7 +3,7 @@
 
 ``broker.cli`` registers them beside ``serve``. The one-shot commands (``enqueue``,
 ``job``, ``jobs``, ``dead``, ``stats``, ``cancel``, ``pause``, ``resume``, ``redrive``,
-``purge``) talk to a running broker at ``--url`` (``CONVEYOR_URL``, default
+``purge``, ``schedule ...``) talk to a running broker at ``--url`` (``CONVEYOR_URL``, default
 ``ws://127.0.0.1:8765/ws``; several comma-separated URLs of brokers sharing one job table
 fail over between them) with ``--token`` (``CONVEYOR_TOKEN``), print text for people or
 ``--json`` for scripts, and exit 0 on success, 1 when the broker refused, could not be
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._cli_admin import add_admin_commands
+from ._cli_admin import add_admin_commands, add_schedule_commands
 from ._cli_worker import add_worker_command
 from ._urls import URL_HELP, url_argument
 
@@ -26,3 +26,4 @@ def add_client_commands(commands: Any) -> None:
     """Add the client subcommands to ``conveyor``'s subparsers."""
     add_worker_command(commands, url_argument, URL_HELP)
     add_admin_commands(commands)
+    add_schedule_commands(commands)

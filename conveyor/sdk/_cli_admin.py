@@ -1,15 +1,17 @@
 """The one-shot client commands of ``conveyor``: look at queues and jobs, and act on them.
 
 ``enqueue``, ``job``, ``jobs``, ``dead``, ``stats``, ``cancel``, ``pause``, ``resume``,
-``redrive`` and ``purge`` (``docs/cli.md`` shows each). Each connects to a running broker
-at ``--url``, makes its calls, and prints for people: tables, fields one per line, times
-as local dates with how far they are ("in 3 min"). ``--json`` prints JSON instead, the
-same shapes as before this output existed, for scripts.
+``redrive``, ``limits``, ``purge`` and ``schedule ...`` (``docs/cli.md`` shows each).
+Each connects to a running broker at ``--url``, makes its calls, and prints for people:
+tables, fields one per line, times as local dates with how far they are ("in 3 min").
+``--json`` prints JSON instead, the same shapes as before this output existed, for
+scripts.
 
 Exit status: 0 when it did what was asked; 1 when the broker refused or could not be
 reached, or when nothing happened (``job`` of an unknown id, ``cancel`` of a job that is
-gone, ``redrive`` of one that is not dead); 2 for bad arguments. Errors go to stderr, one
-line each, starting ``conveyor:``.
+gone, ``redrive`` of one that is not dead, a ``schedule`` action on an unknown
+schedule); 2 for bad arguments. Errors go to stderr, one line each, starting
+``conveyor:``.
 
 A broker that is not running is said at once: the client tries each URL once
 (``Client(fail_fast=True)``) instead of retrying until ``--timeout``.
@@ -33,11 +35,17 @@ from typing import Any
 from ._client import Client
 from ._errors import ConnectionFailed, ConveyorError
 from ._table import Column, duration, fields, table, when
-from ._types import JobInfo
+from ._types import JobInfo, ScheduleInfo
 from ._urls import DEFAULT_URL, URL_HELP, url_argument
 from ._wire import WireError, decode_value, encode
 
-__all__ = ["EXIT_FAILED", "EXIT_USAGE", "add_admin_commands", "connection_args"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+    "add_admin_commands",
+    "add_schedule_commands",
+    "connection_args",
+]
 
 EXIT_FAILED = 1  # refused, unreachable, or nothing happened
 EXIT_USAGE = 2  # bad arguments (argparse's own status for them too)
@@ -669,3 +677,289 @@ def _redrive_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     if (args.all is None) == (not args.ids):
         parser.error("give job IDs or --all QUEUE (one of them)")  # exits 2
     return run_client(args, _redrive)
+
+
+# -- schedules ------------------------------------------------------------------------
+
+_NO_SCHEDULE = "no such schedule"
+_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def every(value: str) -> float:
+    """``--every``: ``30s``, ``5m``, ``5min``, ``2h``, ``1d``, ``1.5s`` or a bare number of
+    seconds: the interval in seconds (> 0)."""
+    text = value.strip().lower()
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number) :] or "s"
+    if unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: unknown unit {unit!r} (use s, m, h or d, e.g. 5m)"
+        )
+    try:
+        seconds = float(number) * _UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected a number and a unit, e.g. 30s, 5m, 2h"
+        ) from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: must be more than 0 seconds")
+    return seconds
+
+
+def timing(info: ScheduleInfo) -> str:
+    """A schedule's timing in words: ``every 5 min``, ``cron 30 2 * * * (Europe/Paris)``."""
+    if info.every_s is not None:
+        return f"every {duration(info.every_s)}"
+    return f"cron {info.cron} ({info.tz})"
+
+
+def _state(info: ScheduleInfo) -> str:
+    if info.paused:
+        return "paused"
+    return "active" if info.next_at is not None else "ended"
+
+
+_SCHEDULE_COLUMNS = (
+    Column("ID", limit=_CELL),
+    Column("QUEUE", limit=_CELL),
+    Column("TIMING", limit=_CELL),
+    Column("STATE"),
+    Column("NEXT"),
+    Column("LAST"),
+    Column("LAST JOB"),
+    Column("FIRED", right=True),
+)
+
+
+def show_schedules(schedules: Sequence[ScheduleInfo], now: float) -> str:
+    """The schedules as a table, one a row: timing in words, next and last fire times as
+    local times with how far they are, the last job's id, how many jobs each made."""
+    if not schedules:
+        return "no schedules yet"
+    rows = [
+        [
+            s.id,
+            s.queue,
+            timing(s),
+            _state(s),
+            when(s.next_at, now, short=True),
+            when(s.last_at, now, short=True),
+            s.last_job or "-",
+            f"{s.fired:,}",
+        ]
+        for s in schedules
+    ]
+    return table(_SCHEDULE_COLUMNS, rows)
+
+
+def show_schedule(info: ScheduleInfo, now: float) -> str:
+    """One schedule, its fields one per line; the payload as indented JSON."""
+    pairs = [
+        ("id", info.id),
+        ("queue", info.queue),
+        ("timing", timing(info)),
+        ("state", _state(info)),
+        ("next", when(info.next_at, now)),
+        ("last", when(info.last_at, now)),
+        ("last job", info.last_job or "-"),
+        ("fired", f"{info.fired:,}"),
+        (
+            "missed",
+            info.missed + (f" (at most {info.max_catch_up})" if info.missed == "each" else ""),
+        ),
+        ("starts", when(info.start_at, now)),
+        ("ends", when(info.end_at, now)),
+        ("priority", str(info.priority)),
+        ("max attempts", "-" if info.max_attempts is None else str(info.max_attempts)),
+        ("expires", _seconds(info.expires_s)),
+        ("time limit", _seconds(info.timeout_s)),
+        ("partition", info.partition or "-"),
+        ("created", when(info.created_at, now)),
+        ("updated", when(info.updated_at, now)),
+        ("payload", _pretty(info.payload)),
+    ]
+    return fields(pairs)
+
+
+async def _schedule_set(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    options = {
+        name: getattr(args, name)
+        for name in ("priority", "max_attempts", "expires_s", "timeout_s", "partition")
+        if getattr(args, name) is not None
+    }
+    info = await client.set_schedule(
+        args.id,
+        args.queue,
+        args.payload_value,
+        cron=args.cron,
+        every_s=args.every,
+        tz=args.tz,
+        start_at=args.start,
+        end_at=args.end,
+        missed=args.missed,
+        max_catch_up=args.max_catch_up,
+        paused=args.paused,
+        **options,
+    )
+    text = f"set schedule {info.id}: {timing(info)} on {info.queue}"
+    text += "; paused" if info.paused else f"; next {when(info.next_at, now)}"
+    return Outcome(dataclasses.asdict(info), text)
+
+
+async def _schedule_list(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    found = await client.schedules()
+    return Outcome([dataclasses.asdict(s) for s in found], show_schedules(found, now))
+
+
+def _missing(schedule_id: str, data: Any) -> Outcome:
+    return Outcome(data, None, [f"{schedule_id}: {_NO_SCHEDULE}"], failed=True)
+
+
+async def _schedule_show(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    info = await client.get_schedule(args.id)
+    if info is None:
+        return _missing(args.id, None)
+    return Outcome(dataclasses.asdict(info), show_schedule(info, now))
+
+
+async def _schedule_delete(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    if not await client.delete_schedule(args.id):
+        return _missing(args.id, {"deleted": False})
+    return Outcome({"deleted": True}, f"deleted schedule {args.id} (the jobs it made stay)")
+
+
+async def _schedule_pause(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    info = await client.pause_schedule(args.id)
+    if info is None:
+        return _missing(args.id, {"schedule": None})
+    return Outcome({"schedule": dataclasses.asdict(info)}, f"paused schedule {args.id}")
+
+
+async def _schedule_resume(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    info = await client.resume_schedule(args.id)
+    if info is None:
+        return _missing(args.id, {"schedule": None})
+    text = f"resumed schedule {args.id}; next {when(info.next_at, now)}"
+    return Outcome({"schedule": dataclasses.asdict(info)}, text)
+
+
+async def _schedule_run(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    job_id = await client.run_schedule(args.id)
+    if job_id is None:
+        return _missing(args.id, {"id": None})
+    return Outcome({"id": job_id}, f"enqueued {job_id} from schedule {args.id}")
+
+
+def _schedule_set_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if (args.cron is None) == (args.every is None):
+        parser.error("give --cron EXPR or --every INTERVAL (one of them)")  # exits 2
+    try:
+        args.payload_value = None if args.payload is None else decode_value(args.payload)
+    except WireError as exc:
+        say(f"the payload is not valid JSON: {exc}")
+        return EXIT_USAGE
+    return run_client(args, _schedule_set)
+
+
+def add_schedule_commands(commands: Any) -> None:
+    """``conveyor schedule set|list|show|delete|pause|resume|run``."""
+    per_call = _PER_CALL
+    schedule = commands.add_parser(
+        "schedule",
+        help="make, list and change schedules: jobs enqueued by cron or at an interval",
+        description="Make, list and change schedules: jobs the broker enqueues at each "
+        "tick of a cron expression or an interval (docs/schedules.md).",
+    )
+    actions = schedule.add_subparsers(dest="schedule_command", metavar="ACTION", required=True)
+
+    put = _command(actions, "set", "make a schedule, or replace its definition", _schedule_set)
+    put.set_defaults(run=lambda args: _schedule_set_run(put, args))
+    put.add_argument("id", help="the schedule's name (A-Z a-z 0-9 . _ - :)")
+    put.add_argument("queue", help="the queue its jobs go to")
+    put.add_argument(
+        "payload", nargs="?", help='each job\'s payload as JSON, e.g. \'{"kind": "daily"}\''
+    )
+    put.add_argument(
+        "--cron",
+        metavar="EXPR",
+        help=f"five cron fields or @hourly, @daily, @weekly, @monthly, e.g. '30 2 * * *' "
+        f"{per_call}",
+    )
+    put.add_argument(
+        "--every",
+        type=every,
+        metavar="INTERVAL",
+        help=f"or a tick every INTERVAL: 30s, 5m, 2h, 1d or seconds {per_call}",
+    )
+    put.add_argument(
+        "--tz",
+        default="UTC",
+        metavar="ZONE",
+        help=f"the IANA zone the cron is read in, e.g. Europe/Paris; default UTC {per_call}",
+    )
+    put.add_argument(
+        "--start",
+        type=_moment,
+        metavar="WHEN",
+        help=f"no tick before this: epoch seconds or an ISO 8601 date and time, local "
+        f"unless it names a zone {per_call}",
+    )
+    put.add_argument(
+        "--end", type=_moment, metavar="WHEN", help=f"no tick after this, as --start {per_call}"
+    )
+    put.add_argument(
+        "--missed",
+        choices=("skip", "once", "each"),
+        default="once",
+        help=f"ticks missed while the broker was down: make none, one, or one each; "
+        f"default once {per_call}",
+    )
+    put.add_argument(
+        "--max-catch-up",
+        dest="max_catch_up",
+        type=_limit,
+        default=100,
+        metavar="N",
+        help=f"with --missed each, at most N missed ticks; default 100 {per_call}",
+    )
+    put.add_argument(
+        "--priority", type=int, help=f"each job's priority; higher runs first {per_call}"
+    )
+    put.add_argument(
+        "--max-attempts",
+        dest="max_attempts",
+        type=int,
+        help=f"each job's attempts before it is dead {per_call}",
+    )
+    put.add_argument(
+        "--expires",
+        dest="expires_s",
+        type=float,
+        metavar="SECONDS",
+        help=f"drop a job that has not run this long after its tick {per_call}",
+    )
+    put.add_argument(
+        "--time-limit",
+        dest="timeout_s",
+        type=float,
+        metavar="SECONDS",
+        help=f"each job's handler time limit {per_call}",
+    )
+    put.add_argument("--partition", metavar="KEY", help=f"each job's partition key {per_call}")
+    put.add_argument(
+        "--paused", action="store_true", help=f"make it paused: no job until resumed {per_call}"
+    )
+    connection_args(put)
+
+    listing = _command(actions, "list", "list every schedule", _schedule_list)
+    connection_args(listing)
+    for name, summary, action in (
+        ("show", "show one schedule", _schedule_show),
+        ("delete", "delete a schedule (the jobs it made stay)", _schedule_delete),
+        ("pause", "stop a schedule making jobs", _schedule_pause),
+        ("resume", "let a paused schedule make jobs again", _schedule_resume),
+        ("run", "enqueue one job of a schedule now", _schedule_run),
+    ):
+        sub = _command(actions, name, summary, action)
+        sub.add_argument("id", help="the schedule's id")
+        connection_args(sub)

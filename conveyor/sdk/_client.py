@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -19,7 +20,7 @@ import anyio.from_thread
 
 from ._errors import ConnectionFailed, InvalidArgument, TooLarge
 from ._session import EACH_BYTES, Session, split_to_fit
-from ._types import JobInfo, JobPage
+from ._types import JobInfo, JobPage, ScheduleInfo, SchedulePage
 from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
 from ._wire import WireError, encode_payload, raw_json
 
@@ -54,6 +55,20 @@ def _finite(name: str, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgument(f"{name}: must be a finite number, got {value}", field=name)
     return value
+
+
+def _when(name: str, value: float | datetime | None) -> float | None:
+    """A time as Unix seconds: a ``datetime`` must say its zone (a naive one could be
+    read in either of two zones, and a schedule's bounds are instants)."""
+    if value is None or not isinstance(value, datetime):
+        seconds: float | None = _finite(name, value)
+        return seconds
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(
+            f"{name}: a datetime must carry its time zone (tzinfo), got a naive one",
+            field=name,
+        )
+    return value.timestamp()
 
 
 class _AutoKeys:
@@ -421,6 +436,120 @@ class Client:
         limits: dict[str, Any] = (await self._call("set_limits", queue=queue, **options))["limits"]
         return limits
 
+    # -- schedules (docs/schedules.md) ---------------------------------------------------
+
+    async def set_schedule(
+        self,
+        id: str,
+        queue: str,
+        payload: Any = None,
+        *,
+        cron: str | None = None,
+        every_s: float | None = None,
+        tz: str = "UTC",
+        start_at: float | datetime | None = None,
+        end_at: float | datetime | None = None,
+        missed: str = "once",
+        max_catch_up: int = 100,
+        paused: bool = False,
+        priority: int = 0,
+        max_attempts: int | None = None,
+        visibility_timeout_s: float | None = None,
+        expires_s: float | None = None,
+        backoff_base_s: float | None = None,
+        timeout_s: float | None = None,
+        partition: str | None = None,
+    ) -> ScheduleInfo:
+        r"""Make schedule ``id``, or replace its definition: at each tick of ``cron`` (five
+        fields or ``@daily``-style, read in the IANA zone ``tz``) or every ``every_s``
+        seconds (give one), from ``start_at`` to ``end_at`` (Unix seconds or aware
+        ``datetime``\ s), the broker enqueues one job of ``payload`` on ``queue`` with
+        these options (``enqueue``'s). ``missed`` says what ticks missed while the broker
+        was down make: ``"skip"`` none, ``"once"`` one, ``"each"`` one each (at most
+        ``max_catch_up``). A change that keeps the timing keeps the schedule's progress.
+        The admin role. Raises ``InvalidArgument`` naming the field
+        (``schedule.cron``, ``schedule.tz``...); nothing changes then."""
+        schedule = {
+            "id": id,
+            "queue": queue,
+            "payload": _payload(payload, "schedule.payload"),
+            "tz": tz,
+            "missed": missed,
+            "max_catch_up": max_catch_up,
+            "paused": paused,
+            "priority": priority,
+            **_options(
+                cron=cron,
+                every_s=every_s,
+                start_at=_when("schedule.start_at", start_at),
+                end_at=_when("schedule.end_at", end_at),
+                max_attempts=max_attempts,
+                visibility_timeout_s=visibility_timeout_s,
+                expires_s=expires_s,
+                backoff_base_s=backoff_base_s,
+                timeout_s=timeout_s,
+                partition=partition,
+            ),
+        }
+        reply = await self._call("set_schedule", schedule=schedule)
+        return ScheduleInfo.from_wire(reply["schedule"])
+
+    async def delete_schedule(self, id: str) -> bool:
+        """Delete the schedule (the jobs it made stay); ``False``: there was none. Admin."""
+        deleted: bool = (await self._call("delete_schedule", id=id))["deleted"]
+        return deleted
+
+    async def pause_schedule(self, id: str) -> ScheduleInfo | None:
+        """Stop the schedule making jobs until resumed (its ticks meanwhile make none);
+        the schedule now, ``None``: there is none. Admin."""
+        found = (await self._call("pause_schedule", id=id))["schedule"]
+        return None if found is None else ScheduleInfo.from_wire(found)
+
+    async def resume_schedule(self, id: str) -> ScheduleInfo | None:
+        """Let a paused schedule make jobs again, from its first tick after now; the
+        schedule now, ``None``: there is none. Admin."""
+        found = (await self._call("resume_schedule", id=id))["schedule"]
+        return None if found is None else ScheduleInfo.from_wire(found)
+
+    async def run_schedule(self, id: str) -> str | None:
+        """Make one job of the schedule now, whatever its ticks (even paused): the job's
+        id; ``None``: no such schedule. Its next tick is unchanged. Admin."""
+        job_id: str | None = (await self._call("run_schedule", id=id))["id"]
+        return job_id
+
+    async def get_schedule(self, id: str) -> ScheduleInfo | None:
+        """The schedule, or ``None`` when there is none."""
+        found = (await self._call("list_schedules", ids=[id]))["schedules"]
+        return ScheduleInfo.from_wire(found[0]) if found else None
+
+    async def list_schedules(self, *, after: str | None = None, limit: int = 100) -> SchedulePage:
+        """A page of the schedules in id order, starting after the id ``after`` (pass the
+        page's ``next`` for the following one); ``limit`` is 1 to 1000."""
+        reply = await self._call("list_schedules", **_options(after=after), limit=limit)
+        return SchedulePage(
+            [ScheduleInfo.from_wire(item) for item in reply["schedules"]], reply.get("next")
+        )
+
+    async def schedules(self, ids: Sequence[str] | None = None) -> list[ScheduleInfo]:
+        """The schedules named by ``ids`` (in that order, unknown ones left out), or every
+        schedule in id order, read a page of 1000 at a time."""
+        if ids is not None:
+            ids = list(ids)
+            size = int(self.server_info.get("max_batch") or _BATCH)
+            found: list[ScheduleInfo] = []
+            for start in range(0, len(ids), size):
+                reply = await self._call("list_schedules", ids=ids[start : start + size])
+                found.extend(ScheduleInfo.from_wire(item) for item in reply["schedules"])
+            return found
+        out: list[ScheduleInfo] = []
+        after: str | None = None
+        while True:
+            page = await self.list_schedules(after=after, limit=1000)
+            out.extend(page.schedules)
+            if page.next is None:
+                return out
+            after = page.next
+
     async def redrive(self, job_id: str) -> bool:
         """Put a dead job back to pending with its attempts reset."""
         redriven: bool = (await self._call("redrive", id=job_id))["redriven"]
@@ -594,3 +723,44 @@ class SyncClient:
         """``Client.redrive_all``, blocking."""
         redriven: int = self._run(self._c.redrive_all, queue)
         return redriven
+
+    def set_schedule(
+        self, id: str, queue: str, payload: Any = None, **options: Any
+    ) -> ScheduleInfo:
+        """``Client.set_schedule``, blocking."""
+        info: ScheduleInfo = self._run(self._c.set_schedule, id, queue, payload, **options)
+        return info
+
+    def delete_schedule(self, id: str) -> bool:
+        """``Client.delete_schedule``, blocking."""
+        return bool(self._run(self._c.delete_schedule, id))
+
+    def pause_schedule(self, id: str) -> ScheduleInfo | None:
+        """``Client.pause_schedule``, blocking."""
+        info: ScheduleInfo | None = self._run(self._c.pause_schedule, id)
+        return info
+
+    def resume_schedule(self, id: str) -> ScheduleInfo | None:
+        """``Client.resume_schedule``, blocking."""
+        info: ScheduleInfo | None = self._run(self._c.resume_schedule, id)
+        return info
+
+    def run_schedule(self, id: str) -> str | None:
+        """``Client.run_schedule``, blocking."""
+        job_id: str | None = self._run(self._c.run_schedule, id)
+        return job_id
+
+    def get_schedule(self, id: str) -> ScheduleInfo | None:
+        """``Client.get_schedule``, blocking."""
+        info: ScheduleInfo | None = self._run(self._c.get_schedule, id)
+        return info
+
+    def list_schedules(self, *, after: str | None = None, limit: int = 100) -> SchedulePage:
+        """``Client.list_schedules``, blocking."""
+        page: SchedulePage = self._run(self._c.list_schedules, after=after, limit=limit)
+        return page
+
+    def schedules(self, ids: Sequence[str] | None = None) -> list[ScheduleInfo]:
+        """``Client.schedules``, blocking."""
+        found: list[ScheduleInfo] = self._run(self._c.schedules, ids)
+        return found

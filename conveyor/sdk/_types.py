@@ -9,7 +9,16 @@ from typing import Any
 
 from ._errors import InvalidArgument
 
-__all__ = ["Fail", "Job", "JobInfo", "JobPage", "RateLimited", "Retry"]
+__all__ = [
+    "Fail",
+    "Job",
+    "JobInfo",
+    "JobPage",
+    "RateLimited",
+    "Retry",
+    "ScheduleInfo",
+    "SchedulePage",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,57 @@ class JobPage:
             next=data.get("next"),
             total=data["total"],
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """A schedule as the broker keeps it (``docs/schedules.md``): its definition, as
+    ``Client.set_schedule`` takes it, and where it stands.
+
+    ``next_at`` is the tick it fires at next (Unix seconds, broker clock; ``None`` while
+    paused or once its ticks have ended); ``last_at`` and ``last_job`` when it last made
+    a job (the tick's time, or a run-now's) and that job's id; ``fired`` how many jobs it
+    has made in all.
+    """
+
+    id: str
+    queue: str
+    payload: Any
+    cron: str | None
+    every_s: float | None
+    tz: str
+    start_at: float | None
+    end_at: float | None
+    missed: str
+    max_catch_up: int
+    paused: bool
+    priority: int
+    max_attempts: int | None
+    visibility_timeout_s: float | None
+    expires_s: float | None
+    backoff_base_s: float | None
+    timeout_s: float | None
+    partition: str | None
+    next_at: float | None
+    last_at: float | None
+    last_job: str | None
+    fired: int
+    created_at: float
+    updated_at: float
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> ScheduleInfo:
+        values: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePage:
+    """One page of ``Client.list_schedules``, in id order: the schedules, and the ``after``
+    of the next page (``None`` when no schedule follows)."""
+
+    schedules: list[ScheduleInfo]
+    next: str | None
 
 
 @dataclass(slots=True)

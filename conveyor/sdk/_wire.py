@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_LIST_LIMIT",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_PREFETCH",
+    "DEFAULT_SCHEDULE_LIMIT",
     "HEALTHZ_PATH",
     "INT_MAX",
     "INT_MIN",
@@ -60,10 +61,13 @@ __all__ = [
     "MAX_LIST_LIMIT",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
+    "MAX_SCHEDULE_LIMIT",
     "METRICS_PATH",
     "OPS",
     "PROTOCOL_VERSION",
     "PUSHED_JOB_FIELDS",
+    "SCHEDULE_FIELDS",
+    "SCHEDULE_STATE_FIELDS",
     "SERVER_NAME",
     "SUPPORTED_PROTOCOLS",
     "WS_PATH",
@@ -188,14 +192,15 @@ class Role(StrEnum):
     """What a token may do (docs/protocol.md, "Authentication and roles")."""
 
     # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats,
-    # list_jobs.
+    # list_jobs, list_schedules.
     PUBLISH = "publish"
     # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
     # batch forms, get_job.
     WORK = "work"
-    # Everything, including pause, resume, redrive, redrive_all, purge_dead and sweep.
+    # Everything, including pause, resume, redrive, redrive_all, purge_dead, sweep,
+    # set_limits and the schedule changes (set_schedule, pause_schedule, ...).
     ADMIN = "admin"
-    # Look only: get_job, stats, list_jobs (and the dashboard's feed).
+    # Look only: get_job, stats, list_jobs, list_schedules (and the dashboard's feed).
     READ = "read"
 
 
@@ -233,6 +238,12 @@ class Op(StrEnum):
     SET_LIMITS = "set_limits"
     BACK_OFF = "back_off"
     WATCH = "watch"
+    SET_SCHEDULE = "set_schedule"
+    DELETE_SCHEDULE = "delete_schedule"
+    PAUSE_SCHEDULE = "pause_schedule"
+    RESUME_SCHEDULE = "resume_schedule"
+    RUN_SCHEDULE = "run_schedule"
+    LIST_SCHEDULES = "list_schedules"
 
 
 class Push(StrEnum):
@@ -431,17 +442,23 @@ class Kind(StrEnum):
     STRINGS = "array of strings"
     # An array of objects, each checked against Field.items.
     OBJECTS = "array of objects"
+    # One JSON object, checked against Field.items (``set_schedule``'s ``schedule``).
+    OBJECT = "object"
+    # ``true`` or ``false``.
+    BOOLEAN = "boolean"
 
 
 _ABSENT: Any = object()
 # The kinds as plain module names for the fast check: reading a member off its enum class
 # (``Kind.ANY``) costs a class attribute lookup, and the check reads up to five per field.
-_ANY, _STRING, _INTEGER, _NUMBER, _STRINGS = (
+_ANY, _STRING, _INTEGER, _NUMBER, _STRINGS, _OBJECT, _BOOLEAN = (
     Kind.ANY,
     Kind.STRING,
     Kind.INTEGER,
     Kind.NUMBER,
     Kind.STRINGS,
+    Kind.OBJECT,
+    Kind.BOOLEAN,
 )
 
 
@@ -578,6 +595,41 @@ _LIMITS = (
     Field("partition_per_s", Kind.NUMBER, default=1.0),
     Field("partition_burst", Kind.INTEGER),
 )
+# A schedule's definition (docs/schedules.md; docs/contract.md, SCH-1), ``set_schedule``'s
+# ``schedule`` object: the ScheduleSpec's fields under the same names. Ranges, the cron
+# text and the zone are the engine's to check, as an enqueue's options are.
+SCHEDULE_FIELDS: Final = (
+    Field("id", Kind.STRING, required=True),
+    _QUEUE,
+    Field("payload", Kind.ANY),
+    Field("cron", Kind.STRING),
+    Field("every_s", Kind.NUMBER),
+    Field("tz", Kind.STRING, default="UTC"),
+    Field("start_at", Kind.NUMBER),
+    Field("end_at", Kind.NUMBER),
+    Field("missed", Kind.STRING, default="once"),
+    Field("max_catch_up", Kind.INTEGER, default=100),
+    Field("paused", Kind.BOOLEAN, default=False),
+    Field("priority", Kind.INTEGER, default=0),
+    Field("max_attempts", Kind.INTEGER),
+    Field("visibility_timeout_s", Kind.NUMBER),
+    Field("expires_s", Kind.NUMBER),
+    Field("backoff_base_s", Kind.NUMBER),
+    Field("timeout_s", Kind.NUMBER),
+    Field("partition", Kind.STRING),
+)
+#: What a schedule's info adds to its definition's fields (``list_schedules``).
+SCHEDULE_STATE_FIELDS: Final = (
+    "next_at",
+    "last_at",
+    "last_job",
+    "fired",
+    "created_at",
+    "updated_at",
+)
+#: ``list_schedules``' ``limit`` when the request leaves it out, and the most it may be.
+DEFAULT_SCHEDULE_LIMIT: Final = 100
+MAX_SCHEDULE_LIMIT: Final = 1000
 #: ``back_off``'s ``scope``: the job's partition key (or the one named), or its queue.
 BACK_OFF_SCOPES: Final = ("partition", "queue")
 _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
@@ -678,6 +730,24 @@ _SPECS = (
             Field("delay_s", Kind.NUMBER, required=True),
             Field("partition", Kind.STRING),
             Field("scope", Kind.STRING, default="partition"),
+        ),
+    ),
+    OpSpec(
+        Op.SET_SCHEDULE,
+        _ADMIN,
+        (Field("schedule", Kind.OBJECT, required=True, items=SCHEDULE_FIELDS),),
+    ),
+    OpSpec(Op.DELETE_SCHEDULE, _ADMIN, (_ID,)),
+    OpSpec(Op.PAUSE_SCHEDULE, _ADMIN, (_ID,)),
+    OpSpec(Op.RESUME_SCHEDULE, _ADMIN, (_ID,)),
+    OpSpec(Op.RUN_SCHEDULE, _ADMIN, (_ID,)),
+    OpSpec(
+        Op.LIST_SCHEDULES,
+        frozenset({_P, _A, _R}),
+        (
+            Field("ids", Kind.STRINGS, nonempty=True, batch=True),
+            Field("after", Kind.STRING),
+            Field("limit", Kind.INTEGER, default=DEFAULT_SCHEDULE_LIMIT),
         ),
     ),
     OpSpec(
@@ -831,6 +901,13 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
         elif kind is _NUMBER:
             if type(value) is not float and type(value) is not int:
                 raise _Explain
+        elif kind is _BOOLEAN:
+            if type(value) is not bool:
+                raise _Explain
+        elif kind is _OBJECT:
+            if type(value) is not dict or not f.item_names.issuperset(value):
+                raise _Explain
+            value = _fast_object(f.item_shape, value, max_batch)
         else:
             if (
                 type(value) is not list
@@ -912,6 +989,12 @@ def _check_value(f: Field, value: Any, path: str, max_batch: int | None) -> Any:
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise _wrong_type(path, "a number", value)
         return value
+    if kind is Kind.BOOLEAN:
+        if not isinstance(value, bool):
+            raise _wrong_type(path, "true or false", value)
+        return value
+    if kind is Kind.OBJECT:
+        return _check_entry(f, value, path, max_batch)
     # An array kind.
     if not isinstance(value, list):
         raise _wrong_type(path, "an array", value)

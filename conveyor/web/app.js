@@ -278,6 +278,9 @@ async function hello() {
     renderRole();
     setConn("connecting", "syncing");
     sendWatch();
+    schedules.forbidden = false;
+    $("schedules-card").hidden = false;
+    refreshSchedules(true);
     return;
   }
   const code = reply.error && reply.error.code;
@@ -355,6 +358,8 @@ function onSnapshot(snap) {
   renderWorkerDetail(snap.worker === undefined ? null : snap.worker, snap.at);
   renderDead(snap.dead || null, queues, snap.at);
   renderJob(snap.job === undefined ? null : snap.job, snap.at);
+  renderSchedules(snap.at);
+  refreshSchedules();
   setText($("as-of"), `as of ${fmtTime(snap.at)} (broker time)`);
 }
 
@@ -1657,6 +1662,217 @@ function renderJob(job, at) {
   view.replaceChildren(...children);
 }
 
+// -- schedules ------------------------------------------------------------------------------
+
+// The Schedules card: a page of list_schedules, asked for on the dashboard's socket at most
+// every few seconds while the page is visible, and at once after an action. The feed does
+// not carry schedules; their relative times move with each snapshot. Every value the broker
+// sends is set as text.
+const SCHEDULES_LIMIT = 100;
+const SCHEDULES_REFRESH_MS = 3000;
+
+const schedules = {
+  after: null, // where the page shown starts (the previous page's last id), null: the first
+  back: [], // the `after` of each page before this one, for Previous
+  next: null, // the page's `next`: where the following page starts
+  list: [], // the page's schedules
+  key: null, // what the rows were built from (relative times aside)
+  times: [], // [cell, epoch, "in"/"ago"] refreshed on every snapshot
+  asked: 0, // when the page was last asked for (ms)
+  loading: false,
+  forbidden: false,
+};
+
+// "every 5 min", "every 30 s", "every 2 h", "every 1.5 s", "every day".
+function fmtEvery(seconds) {
+  if (typeof seconds !== "number" || !(seconds > 0)) return "–";
+  const units = [
+    [86400, "d"],
+    [3600, "h"],
+    [60, "min"],
+  ];
+  for (const [size, unit] of units) {
+    if (seconds >= size && seconds % size === 0) {
+      const n = seconds / size;
+      if (n === 1 && unit === "d") return "every day";
+      return `every ${n} ${unit}`;
+    }
+  }
+  return `every ${Number(seconds.toFixed(3))} s`;
+}
+
+// A schedule's timing in words, with its zone when the zone says when it fires: the
+// words and the zone ("every 5 min", "") or ("cron 30 2 * * *", "(Europe/Paris)").
+function fmtTiming(s) {
+  if (typeof s.every_s === "number") return [fmtEvery(s.every_s), ""];
+  const cron = String(s.cron ?? "");
+  return [cron.startsWith("@") ? cron.slice(1) : `cron ${cron}`, `(${s.tz ?? "UTC"})`];
+}
+
+// The timing cell: the words and the zone, each on one line, so a narrow column breaks
+// between them and never inside a cron expression.
+function timingCell(s) {
+  const [words, zone] = fmtTiming(s);
+  const cell = el("td", { "data-field": "timing", title: s.cron ? `${s.cron} in ${s.tz}` : null });
+  cell.append(el("span", { class: "when", text: words }));
+  if (zone) cell.append(" ", el("span", { class: "when", text: zone }));
+  return cell;
+}
+
+// How far a time is from the broker's now: "in 4 min", "5 s ago", "now".
+function fmtRelative(epoch, at) {
+  const delta = epoch - at;
+  if (Math.abs(delta) < 1) return "now";
+  return delta > 0 ? `in ${fmtDuration(delta)}` : `${fmtDuration(-delta)} ago`;
+}
+
+function scheduleState(s) {
+  if (s.paused === true) return "paused";
+  return typeof s.next_at === "number" ? "active" : "ended";
+}
+
+// Ask for the page again when it is due: at most every SCHEDULES_REFRESH_MS while the
+// dashboard is visible (or at once: `now`).
+function refreshSchedules(now = false) {
+  if (!state.authed || schedules.forbidden || schedules.loading) return;
+  if (document.visibilityState !== "visible" && !now) return;
+  if (!now && Date.now() - schedules.asked < SCHEDULES_REFRESH_MS) return;
+  loadSchedules();
+}
+
+async function loadSchedules() {
+  schedules.loading = true;
+  schedules.asked = Date.now();
+  const fields = { limit: SCHEDULES_LIMIT };
+  if (schedules.after !== null) fields.after = schedules.after;
+  const asked = schedules.after;
+  let reply;
+  try {
+    reply = await request("list_schedules", fields);
+  } finally {
+    schedules.loading = false;
+  }
+  if (asked !== schedules.after) return; // paged meanwhile: that page's answer comes
+  if (!reply.ok) {
+    const code = reply.error && reply.error.code;
+    if (code === "forbidden") schedules.forbidden = true;
+    if (code === "unknown_op") schedules.forbidden = true; // an older broker: no schedules
+    $("schedules-card").hidden = schedules.forbidden;
+    return;
+  }
+  const list = Array.isArray(reply.schedules) ? reply.schedules : [];
+  if (list.length === 0 && schedules.after !== null) {
+    // The page emptied (schedules deleted): back to the one before.
+    schedules.after = schedules.back.pop() ?? null;
+    loadSchedules();
+    return;
+  }
+  schedules.list = list;
+  schedules.next = typeof reply.next === "string" ? reply.next : null;
+  renderSchedules(state.last ? state.last.at : Date.now() / 1000);
+}
+
+function pageSchedules(step) {
+  if (step > 0) {
+    if (schedules.next === null) return;
+    schedules.back.push(schedules.after);
+    schedules.after = schedules.next;
+  } else {
+    if (schedules.back.length === 0) return;
+    schedules.after = schedules.back.pop();
+  }
+  schedules.key = null;
+  refreshSchedules(true);
+}
+
+function renderSchedules(at) {
+  const admin = isAdmin();
+  const list = schedules.list;
+  const key = JSON.stringify([admin, list]);
+  if (key !== schedules.key) {
+    schedules.key = key;
+    schedules.times = [];
+    $("schedules-body").replaceChildren(...list.map((s) => scheduleRow(s, admin)));
+  }
+  // A time as "14:05:00 (in 4 min)": two spans, so that a narrow column breaks between them.
+  for (const [cell, epoch] of schedules.times) {
+    const [time, rel] = cell.children;
+    setText(time, fmtTime(epoch));
+    setText(rel, `(${fmtRelative(epoch, at)})`);
+    cell.title = fmtDate(epoch);
+  }
+  $("schedules-table").hidden = list.length === 0;
+  $("schedules-empty").hidden = list.length > 0;
+  const first = schedules.back.length * SCHEDULES_LIMIT;
+  const paged = schedules.back.length > 0 || schedules.next !== null;
+  $("schedules-pager").hidden = !paged;
+  setText($("schedules-range"), list.length ? `${fmtCount(first + 1)}–${fmtCount(first + list.length)}` : "");
+  $("schedules-prev").disabled = schedules.back.length === 0;
+  $("schedules-next").disabled = schedules.next === null;
+  setText($("schedules-count"), paged ? "" : list.length === 1 ? "1 schedule" : `${fmtCount(list.length)} schedules`);
+}
+
+function timeCell(field, epoch) {
+  if (typeof epoch !== "number") return el("td", { "data-field": field, text: "–" });
+  const cell = el("td", { "data-field": field }, el("span", { class: "when" }), " ", el("span", { class: "when" }));
+  schedules.times.push([cell, epoch]);
+  return cell;
+}
+
+function scheduleRow(s, admin) {
+  const id = String(s.id);
+  const status = scheduleState(s);
+  const lastJob = typeof s.last_job === "string" ? s.last_job : null;
+  const row = el(
+    "tr",
+    { "data-testid": `schedule-row-${id}`, "data-schedule": id, "data-state": status },
+    el("th", { scope: "row", class: "mono", "data-field": "id", text: id }),
+    el("td", { "data-field": "queue", text: s.queue ?? "" }),
+    timingCell(s),
+    timeCell("next_at", status === "active" ? s.next_at : null),
+    timeCell("last_at", s.last_at),
+    el(
+      "td",
+      { "data-field": "last_job" },
+      lastJob === null
+        ? "–"
+        : el("button", { type: "button", class: "link mono", text: lastJob, title: "Follow this job", onclick: () => followJob(lastJob) }),
+    ),
+    el("td", { class: "num", "data-field": "fired", text: fmtCount(s.fired) }),
+    el("td", { "data-field": "state" }, el("span", { class: status === "paused" ? "pill paused" : "pill active", text: status })),
+    el("td", { "data-field": "payload" }, el("code", { class: "preview", text: payloadPreview(s.payload) })),
+  );
+  if (admin) {
+    const paused = s.paused === true;
+    row.append(
+      el(
+        "td",
+        { class: "actions-col" },
+        el("button", {
+          type: "button",
+          "data-testid": `schedule-${paused ? "resume" : "pause"}-${id}`,
+          text: paused ? "Resume" : "Pause",
+          onclick: () => scheduleAct(paused ? "resume_schedule" : "pause_schedule", id),
+        }),
+        el("button", { type: "button", "data-testid": `schedule-run-${id}`, text: "Run now", onclick: () => scheduleAct("run_schedule", id) }),
+        el("button", {
+          type: "button",
+          class: "danger",
+          "data-testid": `schedule-delete-${id}`,
+          text: "Delete",
+          onclick: () => scheduleAct("delete_schedule", id, `Delete schedule ${id}? The jobs it made stay.`),
+        }),
+      ),
+    );
+  }
+  return row;
+}
+
+async function scheduleAct(op, id, confirmText) {
+  const reply = await act(op, { id }, confirmText);
+  if (reply) refreshSchedules(true);
+}
+
 // -- admin actions ------------------------------------------------------------------------
 
 const DONE = {
@@ -1673,6 +1889,10 @@ const DONE = {
   },
   set_limits: (f, r) =>
     hasLimits(r.limits) ? `Limits of ${f.queue}: ${fmtLimits(r.limits)}.` : `${f.queue} has no limits now.`,
+  pause_schedule: (f, r) => (r.schedule ? `Paused schedule ${f.id}.` : `No schedule ${f.id} any more.`),
+  resume_schedule: (f, r) => (r.schedule ? `Resumed schedule ${f.id}.` : `No schedule ${f.id} any more.`),
+  run_schedule: (f, r) => (r.id ? `Enqueued ${r.id} from schedule ${f.id}.` : `No schedule ${f.id} any more.`),
+  delete_schedule: (f, r) => (r.deleted ? `Deleted schedule ${f.id}.` : `No schedule ${f.id} any more.`),
   redrive_all: (f, r) => `Redrove ${fmtCount(r.redriven)} dead ${r.redriven === 1 ? "job" : "jobs"} of ${f.queue}.`,
 };
 
@@ -1712,6 +1932,9 @@ function start() {
   $("limits-form").addEventListener("input", () => {
     limitsForm.dirty = true;
   });
+  $("schedules-prev").addEventListener("click", () => pageSchedules(-1));
+  $("schedules-next").addEventListener("click", () => pageSchedules(1));
+  document.addEventListener("visibilitychange", () => refreshSchedules());
   $("dead-prev").addEventListener("click", () => pageDead(-1));
   $("dead-next").addEventListener("click", () => pageDead(1));
   $("purge-dead").addEventListener("click", () => {

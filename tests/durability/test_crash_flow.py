@@ -26,9 +26,15 @@ def free_port() -> int:
 
 
 async def start(db: Path, port: int) -> asyncio.subprocess.Process:
+    return await start_process(db, port)
+
+
+async def start_process(db: Path, port: int, *extra: str) -> asyncio.subprocess.Process:
+    """``conveyor serve`` on SQLite at ``db`` and ``port`` (with ``extra`` flags), once
+    it accepts connections."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "conveyor", "serve", "--store", "sqlite", "--db", str(db),
-        "--port", str(port), "--disconnect-grace", "30", "--log-level", "warning",
+        "--port", str(port), "--disconnect-grace", "30", "--log-level", "warning", *extra,
         cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL,
     )  # fmt: skip

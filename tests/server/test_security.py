@@ -64,6 +64,12 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("sweep", {}),
     ("set_limits", {"queue": "q", "concurrency": 5}),
     ("back_off", {"id": "x", "lease": "y", "delay_s": 1}),
+    ("set_schedule", {"schedule": {"id": "s", "queue": "q", "every_s": 60}}),
+    ("pause_schedule", {"id": "s"}),
+    ("resume_schedule", {"id": "s"}),
+    ("run_schedule", {"id": "s"}),
+    ("delete_schedule", {"id": "s"}),
+    ("list_schedules", {}),
     ("watch", {}),
 ]
 
@@ -78,6 +84,7 @@ ALLOWED = {
         "cancel_batch",
         "stats",
         "list_jobs",
+        "list_schedules",
     },
     Role.WORK: {
         "subscribe",
@@ -91,7 +98,7 @@ ALLOWED = {
         "back_off",
         "get_job",
     },
-    Role.READ: {"get_job", "stats", "list_jobs", "watch"},
+    Role.READ: {"get_job", "stats", "list_jobs", "list_schedules", "watch"},
     Role.ADMIN: {op for op, _ in REQUESTS},
 }
 
