@@ -614,3 +614,12 @@ def test_forward_and_backward_walks_agree_across_daylight_saving() -> None:
                 due = [t for t in forward if t <= base + end * 3600 - 0.5]
                 if due:
                     assert fire(s, forward[0], base + end * 3600 - 0.5)[0] == due, (cron, day)
+
+
+def test_a_schedule_deleted_and_made_again_at_once(mem: JobTable, clock: ManualClock) -> None:
+    # The deleted one's entry, left in the heap, equals the new one's but for the row.
+    mem.set_schedule(spec(every_s=30.0))
+    mem.delete_schedule("s")
+    mem.set_schedule(spec(every_s=30.0))
+    drive(mem, clock, 1030.0)
+    assert _tick_times(mem) == [1020.0]
