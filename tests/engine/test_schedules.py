@@ -623,3 +623,9 @@ def test_a_schedule_deleted_and_made_again_at_once(mem: JobTable, clock: ManualC
     mem.set_schedule(spec(every_s=30.0))
     drive(mem, clock, 1030.0)
     assert _tick_times(mem) == [1020.0]
+
+
+def test_a_payload_equal_in_python_but_not_in_json_is_a_change(mem: JobTable) -> None:
+    mem.set_schedule(spec(every_s=60.0, payload=1))
+    info = mem.set_schedule(spec(every_s=60.0, payload=True))
+    assert info.spec.payload is True

@@ -181,8 +181,10 @@ class Schedules:
             raise InvalidArgument("payload", "RawJSON does not hold one JSON value") from None
         spec = replace(spec, payload=value)
         old = self._by_id.get(spec.id)
-        if old is not None and old.spec == spec:
-            return old.info()  # the same definition again: nothing changes, not even times
+        # The same definition again changes nothing, not even its times. (The payloads'
+        # bytes too: 1 == True == 1.0 in Python, not in JSON.)
+        if old is not None and old.spec == spec and old.payload == payload:
+            return old.info()
         self._table.queue(spec.queue)  # made now, as an enqueue would (journaled with it)
         if old is None:
             sched = _Sched(spec, payload, now)
