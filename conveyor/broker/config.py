@@ -44,6 +44,7 @@ __all__ = [
     "config_from_args",
     "load_queues",
     "load_schedules",
+    "schedules_pausing",
 ]
 
 ROLES = ("admin", "publish", "work", "read")
@@ -82,6 +83,9 @@ class Config:
     # The schedules of the queues file, set at every start (docs/schedules.md): a
     # definition the table already holds unchanged keeps its progress (SCH-5).
     schedules: Mapping[str, ScheduleSpec] = field(default_factory=dict)
+    # Those of them whose table says ``paused``: the others keep the pause or resume made
+    # at run time (a restart must not resume a schedule an operator paused).
+    schedules_pausing: frozenset[str] = frozenset()
     # The queues file they came from, to name it when the job table refuses one.
     queues_file: str | None = None
     log_level: str = "info"
@@ -279,6 +283,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
     queues_file = _pick(args.queues, "QUEUES", str, None)
     queue_opts, queue_limits = load_queues(Path(queues_file)) if queues_file else ({}, {})
     schedules = load_schedules(Path(queues_file)) if queues_file else {}
+    pausing = schedules_pausing(Path(queues_file)) if queues_file else frozenset()
     db_path = _pick(args.db, "DB", str, "conveyor.db")
     store = _pick(args.store, "STORE", str, None)
     if store is None:
@@ -310,6 +315,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         queue_opts=queue_opts,
         queue_limits=queue_limits,
         schedules=schedules,
+        schedules_pausing=pausing,
         queues_file=queues_file,
         log_level=_pick(args.log_level, "LOG_LEVEL", str, "info"),
         loop=_pick(args.loop, "LOOP", str, "auto"),
@@ -418,6 +424,17 @@ def load_queues(path: Path) -> tuple[dict[str, QueueOpts], dict[str, Limits]]:
 
 _SCHEDULE_SPEC = OPS[Op.SET_SCHEDULE].by_name["schedule"]
 _SCHEDULE_MEMBERS = {f.name for f in _SCHEDULE_SPEC.items} - {"id"}
+
+
+def schedules_pausing(path: Path) -> frozenset[str]:
+    """The ids of the queues file's schedules whose table sets ``paused`` (read after
+    ``load_schedules`` checked the file)."""
+    tables = _read_toml(path).get("schedules", {})
+    return frozenset(
+        schedule_id
+        for schedule_id, table in tables.items()
+        if isinstance(table, dict) and "paused" in table
+    )
 
 
 def load_schedules(path: Path) -> dict[str, ScheduleSpec]:

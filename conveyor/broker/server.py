@@ -16,6 +16,7 @@ import logging
 import signal
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from websockets.http11 import Request, Response
@@ -113,6 +114,12 @@ class Broker:
             for name, limits in config.queue_limits.items():
                 await backend.set_limits(name, limits)
             for schedule_id, spec in config.schedules.items():
+                if schedule_id not in config.schedules_pausing:
+                    # The file says nothing of pausing: a pause or resume made at run
+                    # time stands, as the rest of the schedule's progress does (SCH-5).
+                    held = await backend.schedules(ids=[schedule_id])
+                    if held:
+                        spec = replace(spec, paused=held[0].spec.paused)
                 try:
                     await backend.set_schedule(spec)
                 except InvalidArgument as exc:  # (checked at load; the table's last word)

@@ -7,17 +7,25 @@ from __future__ import annotations
 
 import datetime
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conveyor.broker.config import ConfigError, load_queues, load_schedules
+from conveyor.broker.config import (
+    Config,
+    ConfigError,
+    load_queues,
+    load_schedules,
+    schedules_pausing,
+)
 from conveyor.broker.engine import ScheduleSpec
 from conveyor.broker.scheduler import SteppedScheduler
+from conveyor.broker.server import running_broker
 from conveyor.sdk._wire import Role
 
-from .conftest import BOTH_STORES, ClientFactory, RawClient, with_config
+from .conftest import BASE, BOTH_STORES, ClientFactory, RawClient, with_config
 
 # A round minute, so that ticks of "every 10 s" fall on whole tens from here.
 T0 = 1_800_000_000.0
@@ -296,3 +304,37 @@ def test_the_queues_file_reads_schedules_with_toml_date_times(tmp_path: Path) ->
     path.write_text("[schedule.nightly]\nqueue = 'r'\n")
     with pytest.raises(ConfigError, match=r"unknown top-level key 'schedule'.*\[schedules\.ID\]"):
         load_schedules(path)
+
+
+async def test_a_pause_made_at_run_time_outlasts_a_restart_unless_the_file_says_paused(
+    tmp_path: Path,
+) -> None:
+    """The queues file is applied at every start; a schedule's progress survives that
+    (SCH-5), and so does an operator's pause, unless the file itself sets ``paused``."""
+    path = tmp_path / "queues.toml"
+    entry = "[schedules.nightly]\nqueue = 'reports'\ncron = '@daily'\n"
+    path.write_text(entry)
+    base = replace(
+        BASE,
+        store="sqlite",
+        db_path=str(tmp_path / "conveyor.db"),
+        schedules=load_schedules(path),
+        schedules_pausing=schedules_pausing(path),
+        queues_file=str(path),
+    )
+
+    async def started(config: Config) -> ScheduleSpec:
+        scheduler = SteppedScheduler(start=T0)
+        async with running_broker(config, scheduler=scheduler) as broker:
+            (info,) = await broker.backend.schedules(ids=["nightly"])
+            if not info.spec.paused:
+                await broker.backend.pause_schedule("nightly", True)
+            return info.spec
+
+    assert (await started(base)).paused is False  # then paused at run time
+    assert (await started(base)).paused is True  # the same file, the pause kept
+    path.write_text(entry + "paused = false\n")
+    resumed = replace(
+        base, schedules=load_schedules(path), schedules_pausing=schedules_pausing(path)
+    )
+    assert (await started(resumed)).paused is False  # the file says so in so many words
