@@ -15,10 +15,10 @@ only if the transaction commits, and the brokers push it to a worker once it has
 
 Both call the database function ``conveyor_enqueue`` (the broker's schema, version 3 on;
 a ``partition`` needs version 9), which checks and resolves the options as the broker
-does (``docs/contract.md``, ENQ-2 to ENQ-10, FLW-3). A refused job raises the error ``Client.enqueue`` raises for it:
-``InvalidArgument`` or ``TooLarge``, naming the field. Like any failed statement, a
-refused one leaves the transaction aborted: roll back, or call inside a savepoint
-(``conn.transaction()`` nested) to carry on without the job.
+does (``docs/contract.md``, ENQ-2 to ENQ-10, FLW-3). A refused job raises the error
+``Client.enqueue`` raises for it: ``InvalidArgument`` or ``TooLarge``, naming the field.
+Like any failed statement, a refused one leaves the transaction aborted: roll back, or
+call inside a savepoint (``conn.transaction()`` nested) to carry on without the job.
 
 The SDK imports neither psycopg nor asyncpg: the connection's own module says which
 driver it is, so asyncpg needs installing only by those who use it.
