@@ -443,3 +443,38 @@ async def test_a_back_off_through_one_broker_holds_the_key_for_all_flw_6(dsn: st
     finally:
         await two.close()
         await one.close()
+
+
+async def test_claims_of_two_limited_queues_in_opposite_orders_never_deadlock(dsn: str) -> None:
+    # Each broker's claims take the flow locks of both queues in one transaction, one
+    # broker in the order qa, qb and the other in qb, qa (a worker's subscribe order, and
+    # two workers' claims batched): the locks are waited for in one order only, so no
+    # claim fails as unavailable (the server breaking a deadlock).
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        for name in ("qa", "qb"):
+            await one.set_limits(name, Limits(concurrency=4, partition_concurrency=2))
+            jobs = [Enqueue(name, i, partition=f"k{i % 8}") for i in range(400)]
+            assert all(isinstance(r, str) for r in await one.enqueue(jobs))
+        orders = {one: ("qa", "qb"), two: ("qb", "qa")}
+
+        async def rounds(backend: PostgresBackend, worker: str) -> int:
+            first, second = orders[backend]
+            handed = 0
+            for i in range(30):
+                if i % 2:
+                    claims = [Claim(worker, (first, second), 8)]
+                else:
+                    claims = [Claim(worker, (first,), 4), Claim(worker + "b", (second,), 4)]
+                got = [c for taken in await backend.claim(claims) for c in taken]
+                handed += len(got)
+                assert all(await backend.ack([(c.id, c.lease) for c in got]))
+            return handed
+
+        handed = await asyncio.gather(rounds(one, "w1"), rounds(two, "w2"))
+        assert sum(handed) > 0
+    finally:
+        await two.close()
+        await one.close()

@@ -995,16 +995,23 @@ BEGIN
     RETURN true;
 END $$;
 
--- The keys of queue q read from its jobs (under its lock): every part is looked at again
--- by the next claim, a key with no part gets one (filed last, in the order of its first
--- job), and the no-key lot is probed. With ``watch``, the next claim once every
--- transaction running now has ended does it again.
+-- The keys of queue q read from its jobs (under its lock): a key with no part gets one
+-- (filed last, in the order of its first job), every key not in the turns is looked at
+-- again by the next claim, and the no-key lot is probed. With ``watch`` (the queue starts
+-- to flow: its news, if any, are older than this and dropped), the first claim once
+-- every transaction running now has ended does it again (after folding the news that
+-- came meanwhile, which keep the turns they gave).
 CREATE FUNCTION conveyor_flow_resync(q text, watch boolean) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
-    DELETE FROM conveyor_part_news n WHERE n.queue = q;
-    UPDATE conveyor_parts p SET head_pri = NULL, opens = '-Infinity'
-    WHERE p.queue = q AND p.name <> '';
+    IF watch THEN
+        DELETE FROM conveyor_part_news n WHERE n.queue = q;
+        UPDATE conveyor_parts p SET head_pri = NULL, opens = '-Infinity'
+        WHERE p.queue = q AND p.name <> '';
+    ELSE
+        UPDATE conveyor_parts p SET opens = '-Infinity'
+        WHERE p.queue = q AND p.name <> '' AND p.head_pri IS NULL;
+    END IF;
     INSERT INTO conveyor_parts (queue, name, turn, opens)
     SELECT q, k.partition, nextval('conveyor_turn_seq'), '-Infinity'
     FROM (
@@ -1206,12 +1213,6 @@ BEGIN
     INSERT INTO conveyor_parts (queue, name, turn, head_pri) VALUES (q, '', 0, 2147483647)
     ON CONFLICT DO NOTHING;
     SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
-    IF own.resync = '0'::xid8 THEN
-        UPDATE conveyor_parts cp SET resync = pg_snapshot_xmax(pg_current_snapshot())
-        WHERE cp.queue = q AND cp.name = '';
-    ELSIF own.resync IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= own.resync THEN
-        PERFORM conveyor_flow_resync(q, false);
-    END IF;
     IF lim.rate IS NOT NULL THEN
         t := lim.per_s / lim.rate;
         tol := (coalesce(lim.burst, 1) - 1) * t;
@@ -1221,6 +1222,12 @@ BEGIN
         ptol := (coalesce(lim.partition_burst, 1) - 1) * pt;
     END IF;
     PERFORM conveyor_flow_news(q, p_now);
+    IF own.resync = '0'::xid8 THEN
+        UPDATE conveyor_parts cp SET resync = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE cp.queue = q AND cp.name = '';
+    ELSIF own.resync IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= own.resync THEN
+        PERFORM conveyor_flow_resync(q, false);
+    END IF;
     SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
     -- The keys whose wait ran out, in the order they were due.
     FOR h IN
