@@ -927,7 +927,9 @@ CREATE TABLE conveyor_part_news (
     name text NOT NULL,
     priority int NOT NULL,
     turn bigint NOT NULL,
-    seqs bigint[] NOT NULL
+    seqs bigint[] NOT NULL,
+    ready boolean NOT NULL,
+    at float8
 );
 CREATE INDEX conveyor_part_news_queue ON conveyor_part_news (queue);
 -- Only keyed rows pay for the per-key claim order; the no-key lot is read from
@@ -942,14 +944,17 @@ UPDATE conveyor_parts SET head_pri = 2147483647 WHERE name = '';
 """
 
 # The news a statement's rows bring (see above), appended by the jobs' triggers: per
-# queue and key, the best priority, the rows, and a turn taken now (a key new to the
-# queue joins the turns at its first job's enqueue, as in the engine).
+# queue and key, the best priority, the rows, whether one of them is ready now, and a
+# turn taken now (a key new to the queue joins the turns at its first ready job's
+# enqueue, as in the engine; with only rows to come, when the first of them is due).
 _V9_NEWS = """
-    INSERT INTO conveyor_part_news (queue, name, priority, turn, seqs)
+    INSERT INTO conveyor_part_news (queue, name, priority, turn, seqs, ready, at)
     SELECT h.queue, h.partition, h.priority,
-        CASE WHEN h.partition = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, h.seqs
+        CASE WHEN h.partition = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, h.seqs,
+        h.ready, h.at
     FROM (
-        SELECT n.queue, n.partition, max(n.priority) AS priority, array_agg(n.seq) AS seqs
+        SELECT n.queue, n.partition, max(n.priority) AS priority, array_agg(n.seq) AS seqs,
+            bool_or(n.state <> 'pending' OR NOT n.sched) AS ready, {at} AS at
         FROM {rows}
         JOIN conveyor_queues q ON q.name = n.queue
         WHERE q.flow_until IS NOT NULL{which}
@@ -961,13 +966,14 @@ _V9_NEWS = """
 
 _V9_TRIGGERS = _changed(
     _function(_V2, "conveyor_count_insert"),
-    ("    RETURN NULL;\n", _V9_NEWS.format(rows="new_rows n", which="")),
+    ("    RETURN NULL;\n", _V9_NEWS.format(rows="new_rows n", which="", at="min(n.enqueued_at)")),
 ) + _changed(
     _function(_V2, "conveyor_count_update"),
     (
         "    RETURN NULL;\n",
         _V9_NEWS.format(
             rows="new_rows n JOIN old_rows o USING (seq)",
+            at="NULL::float8",
             which=(
                 "\n            AND ((n.state = 'pending' AND o.state <> 'pending')"
                 "\n                OR (n.state = 'processing' AND o.state = 'processing'"
@@ -1115,28 +1121,41 @@ DECLARE
     ptol float8;
     p conveyor_parts%ROWTYPE;
     h record;
+    due float8;
 BEGIN
     SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
     INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
     FOR h IN
         WITH d AS (
             DELETE FROM conveyor_part_news n WHERE n.queue = q
-            RETURNING n.name, n.priority, n.turn, n.seqs
+            RETURNING n.name, n.priority, n.turn, n.seqs, n.ready, n.at
         )
-        SELECT d.name, max(d.priority) AS priority, min(d.turn) AS turn,
-            array_agg(s.seq) AS seqs
+        SELECT d.name, max(d.priority) AS priority,
+            coalesce(min(d.turn) FILTER (WHERE d.ready), min(d.turn)) AS turn,
+            array_agg(s.seq) AS seqs, bool_or(d.ready) AS ready,
+            coalesce(min(d.at) FILTER (WHERE d.ready), p_now) AS at
         FROM d CROSS JOIN LATERAL unnest(d.seqs) AS s(seq)
-        GROUP BY d.name ORDER BY min(d.turn)
+        GROUP BY d.name ORDER BY 3
     LOOP
         IF h.name = '' THEN
             INSERT INTO conveyor_parts AS cp (queue, name, turn, head_pri)
             VALUES (q, '', 0, h.priority)
             ON CONFLICT (queue, name) DO UPDATE
-                SET head_pri = greatest(cp.head_pri, excluded.head_pri);
+                SET head_pri = greatest(cp.head_pri, excluded.head_pri), opens = NULL;
             CONTINUE;
         END IF;
         SELECT * INTO p FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = h.name;
-        IF NOT FOUND THEN
+        IF NOT h.ready THEN
+            -- Rows to come only: the key takes its turn when the first is due, with the
+            -- other keys whose rows mature then, in that order (the settle's wake).
+            due := (SELECT min(j.due) FROM conveyor_jobs j WHERE j.seq = ANY(h.seqs));
+        END IF;
+        IF NOT FOUND AND NOT h.ready THEN
+            IF due IS NOT NULL THEN
+                INSERT INTO conveyor_parts (queue, name, turn, idle, opens)
+                VALUES (q, h.name, h.turn, true, due);
+            END IF;
+        ELSIF NOT FOUND THEN
             INSERT INTO conveyor_parts (queue, name, turn) VALUES (q, h.name, h.turn);
             PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
         ELSIF p.head_pri IS NOT NULL THEN
@@ -1155,14 +1174,55 @@ BEGIN
                 AND NOT EXISTS (
                     SELECT 1 FROM conveyor_jobs j
                     WHERE j.queue = q AND j.partition = h.name AND j.partition <> ''
-                        AND j.due <= p_now AND j.seq <> ALL(h.seqs)
+                        AND j.due <= least(h.at, p_now) AND j.seq <> ALL(h.seqs)
                 )
             THEN
-                UPDATE conveyor_parts cp SET turn = h.turn, idle = false
-                WHERE cp.queue = q AND cp.name = h.name;
+                IF h.ready THEN
+                    UPDATE conveyor_parts cp SET turn = h.turn, idle = false
+                    WHERE cp.queue = q AND cp.name = h.name;
+                ELSE
+                    IF due IS NOT NULL THEN
+                        UPDATE conveyor_parts cp SET turn = h.turn, idle = true,
+                            opens = least(cp.opens, due)
+                        WHERE cp.queue = q AND cp.name = h.name;
+                    END IF;
+                    CONTINUE;
+                END IF;
             END IF;
             PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
         END IF;
+    END LOOP;
+END $$;
+-- Bring queue q's parts up to p_now (under its lock): its news folded in, the second
+-- look at its keys when it is due, and the no-key lot and the keys whose wait ran out
+-- filed again (the keys in the order they were due). A claim does it first; the sweep
+-- does it at each timed event too, so that a key whose job matured, or whose lease
+-- lapsed, takes its turn then, as in the engine, not at the next claim.
+CREATE FUNCTION conveyor_flow_settle(q text, p_now float8) RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    own conveyor_parts%ROWTYPE;
+    ptol float8;
+    h record;
+BEGIN
+    SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
+    INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
+    PERFORM conveyor_flow_news(q, p_now);
+    SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
+    IF own.resync = '0'::xid8 THEN
+        UPDATE conveyor_parts cp SET resync = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE cp.queue = q AND cp.name = '';
+    ELSIF own.resync IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= own.resync THEN
+        PERFORM conveyor_flow_resync(q, false);
+    END IF;
+    UPDATE conveyor_parts cp SET head_pri = 2147483647, opens = NULL
+    WHERE cp.queue = q AND cp.name = '' AND cp.opens <= p_now;
+    FOR h IN
+        SELECT cp.name FROM conveyor_parts cp
+        WHERE cp.queue = q AND cp.opens <= p_now AND cp.name <> ''
+        ORDER BY cp.opens, cp.turn
+    LOOP
+        PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
     END LOOP;
 END $$;
 """
@@ -1221,22 +1281,8 @@ BEGIN
         pt := lim.partition_per_s / lim.partition_rate;
         ptol := (coalesce(lim.partition_burst, 1) - 1) * pt;
     END IF;
-    PERFORM conveyor_flow_news(q, p_now);
-    IF own.resync = '0'::xid8 THEN
-        UPDATE conveyor_parts cp SET resync = pg_snapshot_xmax(pg_current_snapshot())
-        WHERE cp.queue = q AND cp.name = '';
-    ELSIF own.resync IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= own.resync THEN
-        PERFORM conveyor_flow_resync(q, false);
-    END IF;
+    PERFORM conveyor_flow_settle(q, p_now);
     SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
-    -- The keys whose wait ran out, in the order they were due.
-    FOR h IN
-        SELECT cp.name FROM conveyor_parts cp
-        WHERE cp.queue = q AND cp.opens <= p_now
-        ORDER BY cp.opens, cp.turn
-    LOOP
-        PERFORM conveyor_part_file(q, h.name, p_now, ptol, skip, '{}');
-    END LOOP;
     IF lim.concurrency IS NOT NULL THEN
         SELECT count(*) INTO held FROM conveyor_jobs j
         WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now;
@@ -1278,7 +1324,15 @@ BEGIN
             ORDER BY j.priority DESC, j.due, j.seq
             LIMIT 1;
             IF NOT FOUND THEN
+                -- Out of the turns until a job of no key may be due: news of one, or
+                -- the first row of the queue's to mature or lapse (an early look
+                -- finds nothing and waits again).
                 own.head_pri := NULL;
+                own.opens := least(
+                    (SELECT min(j.ready_at) FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.sched AND j.ready_at > p_now),
+                    (SELECT min(j.deadline) FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now));
                 CONTINUE;
             ELSIF r.priority < own.head_pri THEN
                 own.head_pri := r.priority;
@@ -1349,7 +1403,8 @@ BEGIN
             PERFORM conveyor_part_file(q, p.name, p_now, ptol, skip, mine);
         END IF;
     END LOOP;
-    UPDATE conveyor_parts cp SET tat = own.tat, turn = own.turn, head_pri = own.head_pri
+    UPDATE conveyor_parts cp SET tat = own.tat, turn = own.turn, head_pri = own.head_pri,
+        opens = own.opens
     WHERE cp.queue = q AND cp.name = '';
     IF cardinality(expired) > 0 THEN
         UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now, last_error = 'expired',

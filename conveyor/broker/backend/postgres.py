@@ -435,6 +435,11 @@ _FLOW_LOCK_SQL = "SELECT conveyor_flow_lock(%s)"
 # The order the flow locks of some queues are waited for in.
 _FLOW_LOCK_ORDER = "SELECT n FROM unnest(%s::text[]) AS n ORDER BY hashtext(n), n"
 
+# The queues under flow control at now, in the order their locks are taken in.
+_FLOWING = """
+SELECT name FROM conveyor_queues WHERE flow_until > %(now)s ORDER BY hashtext(name), name
+"""
+
 _SET_LIMITS = """
 WITH q AS (
     UPDATE conveyor_queues SET concurrency = %(concurrency)s, rate = %(rate)s,
@@ -488,7 +493,7 @@ WITH u AS (
     ON CONFLICT (queue, name) DO UPDATE
         SET until = greatest(coalesce(p.until, '-Infinity'), excluded.until),
             opens = CASE WHEN p.name <> ''
-                THEN greatest(coalesce(p.until, '-Infinity'), excluded.until) END,
+                THEN greatest(coalesce(p.until, '-Infinity'), excluded.until) ELSE p.opens END,
             head_pri = CASE WHEN p.name = '' THEN p.head_pri END,
             idle = false
 )
@@ -1195,6 +1200,14 @@ class PostgresBackend:
             # The counters' deltas are folded here too, so that they stay few whether
             # or not anyone asks for stats.
             await self._fold(None)
+            # Queues under flow control have their keys brought up to this time: a job
+            # matured or a lease lapsed now takes its key's turn now (FLW-5).
+            cur = await conn.execute(_FLOWING, {"now": now})
+            for (queue,) in await cur.fetchall():
+                cur = await conn.execute(_FLOW_LOCK_SQL, (queue,))
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    await conn.execute("SELECT conveyor_flow_settle(%s, %s)", (queue, now))
         return SweepResult(*counts)
 
     async def _fold(self, names: list[str] | None) -> None:
