@@ -908,11 +908,12 @@ _V8 = (
 # Work that comes to a key (an insert, a row put back to pending, a lease ended early)
 # is told to the claims by a row of ``conveyor_part_news`` that the jobs' triggers
 # append, per statement, key and queue, in a queue with ``flow_until`` set: appending
-# takes no lock, so an enqueue never waits for a claim; the next claim of the queue
-# folds them in under its lock. A queue whose ``flow_until`` was NULL gets no news;
-# when it starts to flow (limits set, a back-off) its keys are read from its jobs once,
-# and once more when every transaction that was running then has ended (one that
-# enqueued without seeing the change commits by then).
+# takes no lock, so an enqueue never waits for a claim; the next claim of the queue, or
+# the leader's sweep at a timed event, folds them in under its lock. A queue whose
+# ``flow_until`` is NULL gets no news (a claim sets it back to NULL once a queue's flow
+# control ended); when it starts to flow (limits set, a back-off) its keys are read
+# from its jobs once, and once more when every transaction that was running then has
+# ended (one that enqueued without seeing the change has committed by then).
 _V9_TABLES = """
 ALTER TABLE conveyor_parts
     ADD COLUMN head_pri int,
@@ -1235,8 +1236,8 @@ END $$;
 # (a row cancelled or expired meanwhile): each correction is paid for by the change that
 # made it. Keys found at their concurrency are passed over for the rest of the claim (the
 # walk's position moves past them), not probed again for each job. A claim that cannot
-# take the queue's lock in order (another transaction of this broker's batch holds a
-# later one, and another broker holds this) hands out nothing of it and says "now" as its
+# take the queue's lock in order (its transaction already holds one that comes later,
+# and another transaction holds this one) hands out nothing of it and says "now" as its
 # wake, so that it is claimed again at once.
 _V9_CLAIM_FLOW = """
 CREATE OR REPLACE FUNCTION conveyor_claim_flow(
