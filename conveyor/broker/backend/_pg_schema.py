@@ -1487,9 +1487,17 @@ _V9 = (
             "        CONTINUE WHEN NOT FOUND;\n        IF flow_at > p_now THEN\n",
             "        CONTINUE WHEN NOT FOUND;\n"
             "        IF flow_at <= p_now THEN\n"
+            "            -- (Never waiting for the row: a back-off may hold it, and then\n"
+            "            -- the queue flows again anyway.)\n"
             "            UPDATE conveyor_queues cq SET flow_until = NULL\n"
-            "            WHERE cq.name = q AND cq.flow_until <= p_now;\n"
-            "            DELETE FROM conveyor_part_news n WHERE n.queue = q;\n"
+            "            WHERE cq.name IN (\n"
+            "                SELECT c2.name FROM conveyor_queues c2\n"
+            "                WHERE c2.name = q AND c2.flow_until <= p_now\n"
+            "                FOR UPDATE SKIP LOCKED\n"
+            "            );\n"
+            "            IF FOUND THEN\n"
+            "                DELETE FROM conveyor_part_news n WHERE n.queue = q;\n"
+            "            END IF;\n"
             "        END IF;\n"
             "        IF flow_at > p_now THEN\n",
         ),
