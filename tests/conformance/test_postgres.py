@@ -478,3 +478,46 @@ async def test_claims_of_two_limited_queues_in_opposite_orders_never_deadlock(ds
     finally:
         await two.close()
         await one.close()
+
+
+async def test_a_queue_under_limits_in_a_database_of_schema_8_claims_in_turns_after_migrating(
+    dsn: str,
+) -> None:
+    # Made as a version 8 broker leaves it: the queue's limits, jobs of two keys and of
+    # none, and each key's row (its turn) made when its first job came.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
+        await conn.execute("INSERT INTO conveyor_schema VALUES (8)")
+        for step in MIGRATIONS[:8]:
+            await conn.execute(step.encode())
+        await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
+        for i, key in enumerate(["a", "a", "b", ""]):
+            cur = await conn.execute("SELECT conveyor_enqueue('q', %s::json)", (str(i),))
+            row = await cur.fetchone()
+            assert row is not None
+            await conn.execute(
+                "UPDATE conveyor_jobs SET partition = %s WHERE seq = %s",
+                (key, int(str(row[0]).removeprefix("old-"), 16)),
+            )
+        await conn.execute(
+            "UPDATE conveyor_queues SET partition_concurrency = 1, flow_until = 'Infinity'"
+        )
+        await conn.execute(
+            "INSERT INTO conveyor_parts (queue, name, turn) VALUES ('q', '', 0), "
+            "('q', 'a', nextval('conveyor_turn_seq')), ('q', 'b', nextval('conveyor_turn_seq'))"
+        )
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        db_now = float(row[0])
+    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    try:
+        (got,) = await backend.claim([Claim("w", ("q",), 10)])
+        # The jobs of no key first (never served), then a and b in turn; a's second
+        # waits for its key's slot.
+        assert [c.id for c in got] == ["old-4", "old-1", "old-3"]
+        assert await backend.ack([(got[1].id, got[1].lease)]) == [True]
+        (got,) = await backend.claim([Claim("w", ("q",), 10)])
+        assert [c.id for c in got] == ["old-2"]
+    finally:
+        await backend.close()
