@@ -3,11 +3,10 @@
 
 Random sequences of calls on one queue with limits (enqueues with partition keys and
 priorities, some delayed; claims; acks, retries, fails, lapses, back-offs and cancels of
-the leases handed out; time passing) run in lock step on the memory backend and on
+the leases handed out; cancels; time passing) run in lock step on the memory backend and on
 PostgreSQL, each on its own manual clock; every answer must match, ids and leases
 compared by the order they were first seen. The examples are a fixed draw (derandomized):
-docs/architecture.md says where PostgreSQL's turns may still differ from the engine's
-(keys whose jobs go without a trace, cancelled or swept, between two claims).
+docs/architecture.md says where PostgreSQL's turns may still differ from the engine's.
 """
 
 from __future__ import annotations
@@ -52,8 +51,9 @@ ON_LEASE = st.tuples(
     st.sampled_from(["ack", "ack", "retry_now", "fail", "lapse", "back_off", "back_off_queue"]),
     st.integers(0, 20),
 )
+CANCEL = st.tuples(st.just("cancel"), st.integers(0, 20))
 ADVANCE = st.tuples(st.just("advance"), st.sampled_from([1.0, 5.0, 20.0]))
-CALLS = st.lists(st.one_of(PUT, PUT, TAKE, TAKE, ON_LEASE, ADVANCE), max_size=40)
+CALLS = st.lists(st.one_of(PUT, PUT, TAKE, TAKE, ON_LEASE, CANCEL, ADVANCE), max_size=40)
 
 
 class Run:
@@ -82,6 +82,10 @@ class Run:
             (got,) = await b.claim([Claim("w", ("q",), call[1])])
             self.leases.extend((c.id, c.lease) for c in got)
             return [(self.name(c.id), self.name(c.lease), c.attempt) for c in got]
+        if op == "cancel":
+            if not self.ids:
+                return None
+            return await b.cancel([self.ids[call[1] % len(self.ids)]])
         if op == "advance":
             await asyncio.sleep(0)  # (the backend sets its timer once the loop turn is over)
             self.clock.advance(call[1])

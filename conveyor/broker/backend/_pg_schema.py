@@ -1142,7 +1142,10 @@ BEGIN
             INSERT INTO conveyor_parts AS cp (queue, name, turn, head_pri)
             VALUES (q, '', 0, h.priority)
             ON CONFLICT (queue, name) DO UPDATE
-                SET head_pri = greatest(cp.head_pri, excluded.head_pri), opens = NULL;
+                -- (Out of the turns, the lot's other rows are not in its bound: probe.)
+                SET head_pri = CASE WHEN cp.head_pri IS NULL THEN 2147483647
+                    ELSE greatest(cp.head_pri, excluded.head_pri) END,
+                    opens = NULL;
             CONTINUE;
         END IF;
         SELECT * INTO p FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = h.name;
@@ -1224,6 +1227,23 @@ BEGIN
         ORDER BY cp.opens, cp.turn
     LOOP
         PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
+    END LOOP;
+END $$;
+
+-- File keys ``ks`` of queue q again at p_now (under its lock), after its news: their
+-- jobs went without a trace (cancelled), and one with nothing left leaves the turns now.
+CREATE FUNCTION conveyor_flow_refile(q text, ks text[], p_now float8) RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    ptol float8;
+    k text;
+BEGIN
+    PERFORM conveyor_flow_settle(q, p_now);
+    SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
+    INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
+    FOREACH k IN ARRAY ks LOOP
+        PERFORM conveyor_part_file(q, k, p_now, ptol, '{}', '{}');
     END LOOP;
 END $$;
 """

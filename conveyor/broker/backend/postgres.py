@@ -289,11 +289,13 @@ WHERE j.seq = u.seq
 
 _CANCEL = f"""
 WITH d AS (
-    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%(seqs)s::bigint[]) RETURNING j.seq, j.queue
+    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%(seqs)s::bigint[])
+    RETURNING j.seq, j.queue, j.partition
 ), t AS (
     INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
 ), {_FREED}
-SELECT seq, pg_notify('conveyor', 'c:' || seq)::text FROM d UNION ALL SELECT NULL, name FROM f
+SELECT seq, pg_notify('conveyor', 'c:' || seq)::text, partition FROM d
+UNION ALL SELECT NULL, name, NULL FROM f
 """
 
 _REDRIVE = """
@@ -1990,8 +1992,27 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
-            cur = await self._conn.execute(_CANCEL, {"seqs": seqs, "now": now})
-            return await cur.fetchall()
+            conn = self._conn
+            async with conn.transaction():
+                cur = await conn.execute(_CANCEL, {"seqs": seqs, "now": now})
+                rows = await cur.fetchall()
+                # A key under flow control whose jobs were cancelled is filed again at
+                # once, as the engine files it: one with nothing left leaves the turns,
+                # and its next job files it last (FLW-5).
+                flowing = {row[1] for row in rows if row[0] is None}
+                keys = {(row[1], row[2]) for row in rows if row[0] is not None and row[2]}
+                keys = {(queue, key) for queue, key in keys if queue in flowing}
+                if keys:
+                    cur = await conn.execute(
+                        _FLOW_LOCK_ORDER, (sorted({queue for queue, _ in keys}),)
+                    )
+                    for (queue,) in await cur.fetchall():
+                        await self._flow_lock(queue)
+                        await conn.execute(
+                            "SELECT conveyor_flow_refile(%s, %s::text[], %s)",
+                            (queue, sorted(key for q, key in keys if q == queue), now),
+                        )
+            return rows
 
         rows = await self._call(work, changes=False)  # (a cancel only takes events away)
         freed = frozenset(row[1] for row in rows if row[0] is None)
