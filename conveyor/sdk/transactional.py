@@ -13,12 +13,12 @@ only if the transaction commits, and the brokers push it to a worker once it has
     async with conn.transaction():  # psycopg AsyncConnection; or an asyncpg connection
         job_id = await enqueue_tx_async(conn, "emails", {"order": order_id})
 
-Both call the database function ``conveyor_enqueue`` (the broker's schema, version 3 on),
-which checks and resolves the options as the broker does (``docs/contract.md``, ENQ-2 to
-ENQ-10). A refused job raises the error ``Client.enqueue`` raises for it:
-``InvalidArgument`` or ``TooLarge``, naming the field. Like any failed statement, a
-refused one leaves the transaction aborted: roll back, or call inside a savepoint
-(``conn.transaction()`` nested) to carry on without the job.
+Both call the database function ``conveyor_enqueue`` (the broker's schema, version 3 on;
+a ``partition`` needs version 9), which checks and resolves the options as the broker
+does (``docs/contract.md``, ENQ-2 to ENQ-10, FLW-3). A refused job raises the error
+``Client.enqueue`` raises for it: ``InvalidArgument`` or ``TooLarge``, naming the field.
+Like any failed statement, a refused one leaves the transaction aborted: roll back, or
+call inside a savepoint (``conn.transaction()`` nested) to carry on without the job.
 
 The SDK imports neither psycopg nor asyncpg: the connection's own module says which
 driver it is, so asyncpg needs installing only by those who use it.
@@ -50,16 +50,29 @@ _CASTS = (
     ("key", "text"),
     ("timeout_s", "float8"),
 )
-_PSYCOPG_SQL = (
-    "SELECT conveyor_enqueue(%s::text, %s::json, "
-    + ", ".join(f"{name} => %s::{cast}" for name, cast in _CASTS)
-    + ")"
-)
-_ASYNCPG_SQL = (
-    "SELECT conveyor_enqueue($1::text, $2::json, "
-    + ", ".join(f"{name} => ${i}::{cast}" for i, (name, cast) in enumerate(_CASTS, start=3))
-    + ")"
-)
+
+
+def _psycopg_sql(casts: tuple[tuple[str, str], ...]) -> str:
+    return (
+        "SELECT conveyor_enqueue(%s::text, %s::json, "
+        + ", ".join(f"{name} => %s::{cast}" for name, cast in casts)
+        + ")"
+    )
+
+
+def _asyncpg_sql(casts: tuple[tuple[str, str], ...]) -> str:
+    return (
+        "SELECT conveyor_enqueue($1::text, $2::json, "
+        + ", ".join(f"{name} => ${i}::{cast}" for i, (name, cast) in enumerate(casts, start=3))
+        + ")"
+    )
+
+
+# A job with a partition key names the argument (schema 9 on); one without does not, so
+# that it still works on a database of an older schema.
+_PART = (*_CASTS, ("partition", "text"))
+_PSYCOPG_SQL = {False: _psycopg_sql(_CASTS), True: _psycopg_sql(_PART)}
+_ASYNCPG_SQL = {False: _asyncpg_sql(_CASTS), True: _asyncpg_sql(_PART)}
 
 # The codes the function's refusals start with, and the SDK's error for each.
 _REFUSALS: dict[str, type[ConveyorError]] = {
@@ -88,6 +101,7 @@ def enqueue_tx(
     backoff_base_s: float | None = None,
     key: str | None = None,
     timeout_s: float | None = None,
+    partition: str | None = None,
 ) -> str:
     """Store one job in ``conn``'s current transaction (a psycopg 3 connection or
     cursor); return its id. The job is there for the brokers when that transaction
@@ -96,13 +110,15 @@ def enqueue_tx(
     Options as for ``Client.enqueue`` (``None``: not set, the queue's value applies). A
     ``key`` a live job of the queue holds returns that job's id and stores nothing
     (ENQ-10); unlike ``Client.enqueue`` no key is made up when none is given, since the
-    transaction, not a resend, decides whether the job is stored. Raises
+    transaction, not a resend, decides whether the job is stored. ``partition`` is the
+    job's partition key (FLW-3: at most 1,024 characters; ``None`` or ``""`` for none),
+    which holds it to its queue's per-key limits and turns. Raises
     ``InvalidArgument`` or ``TooLarge`` (naming the field) for a refused job, and the
     driver's own errors for anything else.
     """
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key, timeout_s,
+        max_attempts, backoff_base_s, key, timeout_s, partition,
     )  # fmt: skip
     if _driver(conn) != "psycopg" or inspect.iscoroutinefunction(conn.execute):
         raise TypeError(
@@ -110,7 +126,7 @@ def enqueue_tx(
             f"{_name(conn)} (use enqueue_tx_async for an AsyncConnection or asyncpg)"
         )
     try:
-        row = conn.execute(_PSYCOPG_SQL, params).fetchone()
+        row = conn.execute(_PSYCOPG_SQL[len(params) > len(_CASTS) + 2], params).fetchone()
     except Exception as exc:
         _raise_refusal(exc)
         raise
@@ -131,20 +147,21 @@ async def enqueue_tx_async(
     backoff_base_s: float | None = None,
     key: str | None = None,
     timeout_s: float | None = None,
+    partition: str | None = None,
 ) -> str:
     """``enqueue_tx`` on a psycopg 3 ``AsyncConnection`` (or ``AsyncCursor``) or an
     asyncpg connection (or a pool's connection): the job is stored in the connection's
     current transaction."""
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key, timeout_s,
+        max_attempts, backoff_base_s, key, timeout_s, partition,
     )  # fmt: skip
     try:
         if _is_asyncpg(conn):
-            value = await conn.fetchval(_ASYNCPG_SQL, *params)
+            value = await conn.fetchval(_ASYNCPG_SQL[len(params) > len(_CASTS) + 2], *params)
             return _job_id(None if value is None else (value,))
         if _is_psycopg_async(conn):
-            cur = await conn.execute(_PSYCOPG_SQL, params)
+            cur = await conn.execute(_PSYCOPG_SQL[len(params) > len(_CASTS) + 2], params)
             return _job_id(await cur.fetchone())
     except Exception as exc:
         _raise_refusal(exc)
@@ -189,14 +206,17 @@ def _params(
     backoff_base_s: Any,
     key: Any,
     timeout_s: Any,
+    partition: Any,
 ) -> tuple[Any, ...]:
-    """The function's arguments, in its order. Here are only the checks SQL's types
-    cannot make (a bool or a float where an int belongs, a string PostgreSQL cannot
-    hold); the function checks every value's range, for every language alike."""
+    """The function's arguments, in its order (``partition`` only when there is one).
+    Here are only the checks SQL's types cannot make (a bool or a float where an int
+    belongs, a string PostgreSQL cannot hold); the function checks every value's range,
+    for every language alike."""
     try:
         data = encode_payload(payload, field="payload")
     except WireError as exc:
         raise InvalidArgument(exc.message, field=exc.field) from None
+    part = _text("partition", partition, null=True)
     return (
         _text("queue", queue, null=False),
         data.decode("utf-8"),
@@ -209,7 +229,7 @@ def _params(
         _float("backoff_base_s", backoff_base_s),
         _text("key", key, null=True),
         _float("timeout_s", timeout_s),
-    )
+    ) + (() if not part else (part,))
 
 
 def _int(field: str, value: Any) -> int:

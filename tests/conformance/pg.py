@@ -79,7 +79,7 @@ async def empty(dsn: str) -> None:
         if row is not None and row[0]:
             await conn.execute(
                 "TRUNCATE conveyor_jobs, conveyor_queues, conveyor_counts, conveyor_meta, "
-                "conveyor_parts, conveyor_schedules RESTART IDENTITY"
+                "conveyor_parts, conveyor_part_news, conveyor_schedules RESTART IDENTITY"
             )
 
 

@@ -316,6 +316,30 @@ async def test_jobs_with_no_key_take_turns_as_one_more_key_flw_5(rig: Rig) -> No
     assert {got[2], got[3]} == {a[1], plain[1]}
 
 
+async def test_a_key_with_nothing_left_leaves_the_turns_and_comes_back_last_flw_5(
+    rig: Rig,
+) -> None:
+    await limit(rig, LOOSE)
+    (a1,) = await put_many(rig, 1, partition="a")
+    (x,) = await rig.take(n=1)
+    assert x.id == a1
+    assert await rig.backend.ack([(x.id, x.lease)]) == [True]  # a: no job, no slot held
+    (b1,) = await put_many(rig, 1, partition="b")
+    (a2,) = await put_many(rig, 1, partition="a")
+    # a comes back as a key new to the queue: after b, which came first.
+    assert [c.id for c in await rig.take(n=2)] == [b1, a2]
+
+
+async def test_a_key_holding_a_slot_keeps_its_turn_flw_5(rig: Rig) -> None:
+    await limit(rig, LOOSE)
+    (a1,) = await put_many(rig, 1, partition="a")
+    (x,) = await rig.take(n=1)
+    assert x.id == a1  # held: a stays a key of the queue, served at this claim
+    (b1,) = await put_many(rig, 1, partition="b")
+    (a2,) = await put_many(rig, 1, partition="a")
+    assert [c.id for c in await rig.take(n=2)] == [a2, b1]
+
+
 async def test_a_key_at_its_limit_is_skipped_not_waited_for_flw_5(rig: Rig) -> None:
     await limit(rig, Limits(partition_concurrency=1))
     a1, a2 = await put_many(rig, 2, partition="a")

@@ -443,3 +443,81 @@ async def test_a_back_off_through_one_broker_holds_the_key_for_all_flw_6(dsn: st
     finally:
         await two.close()
         await one.close()
+
+
+async def test_claims_of_two_limited_queues_in_opposite_orders_never_deadlock(dsn: str) -> None:
+    # Each broker's claims take the flow locks of both queues in one transaction, one
+    # broker in the order qa, qb and the other in qb, qa (a worker's subscribe order, and
+    # two workers' claims batched): the locks are waited for in one order only, so no
+    # claim fails as unavailable (the server breaking a deadlock).
+    clock = SteppedScheduler(start=START)
+    one = await _open(dsn, clock, 1)
+    two = await _open(dsn, clock, 2)
+    try:
+        for name in ("qa", "qb"):
+            await one.set_limits(name, Limits(concurrency=4, partition_concurrency=2))
+            jobs = [Enqueue(name, i, partition=f"k{i % 8}") for i in range(400)]
+            assert all(isinstance(r, str) for r in await one.enqueue(jobs))
+        orders = {one: ("qa", "qb"), two: ("qb", "qa")}
+
+        async def rounds(backend: PostgresBackend, worker: str) -> int:
+            first, second = orders[backend]
+            handed = 0
+            for i in range(30):
+                if i % 2:
+                    claims = [Claim(worker, (first, second), 8)]
+                else:
+                    claims = [Claim(worker, (first,), 4), Claim(worker + "b", (second,), 4)]
+                got = [c for taken in await backend.claim(claims) for c in taken]
+                handed += len(got)
+                assert all(await backend.ack([(c.id, c.lease) for c in got]))
+            return handed
+
+        handed = await asyncio.gather(rounds(one, "w1"), rounds(two, "w2"))
+        assert sum(handed) > 0
+    finally:
+        await two.close()
+        await one.close()
+
+
+async def test_a_queue_under_limits_in_a_database_of_schema_8_claims_in_turns_after_migrating(
+    dsn: str,
+) -> None:
+    # Made as a version 8 broker leaves it: the queue's limits, jobs of two keys and of
+    # none, and each key's row (its turn) made when its first job came.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
+        await conn.execute("INSERT INTO conveyor_schema VALUES (8)")
+        for step in MIGRATIONS[:8]:
+            await conn.execute(step.encode())
+        await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
+        for i, key in enumerate(["a", "a", "b", ""]):
+            cur = await conn.execute("SELECT conveyor_enqueue('q', %s::json)", (str(i),))
+            row = await cur.fetchone()
+            assert row is not None
+            await conn.execute(
+                "UPDATE conveyor_jobs SET partition = %s WHERE seq = %s",
+                (key, int(str(row[0]).removeprefix("old-"), 16)),
+            )
+        await conn.execute(
+            "UPDATE conveyor_queues SET partition_concurrency = 1, flow_until = 'Infinity'"
+        )
+        await conn.execute(
+            "INSERT INTO conveyor_parts (queue, name, turn) VALUES ('q', '', 0), "
+            "('q', 'a', nextval('conveyor_turn_seq')), ('q', 'b', nextval('conveyor_turn_seq'))"
+        )
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        db_now = float(row[0])
+    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    try:
+        (got,) = await backend.claim([Claim("w", ("q",), 10)])
+        # The jobs of no key first (never served), then a and b in turn; a's second
+        # waits for its key's slot.
+        assert [c.id for c in got] == ["old-4", "old-1", "old-3"]
+        assert await backend.ack([(got[1].id, got[1].lease)]) == [True]
+        (got,) = await backend.claim([Claim("w", ("q",), 10)])
+        assert [c.id for c in got] == ["old-2"]
+    finally:
+        await backend.close()

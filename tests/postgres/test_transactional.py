@@ -36,7 +36,7 @@ from conveyor.broker.backend import Claim, Enqueue, Report
 from conveyor.broker.backend._pg_schema import SCHEMA_VERSION, migrate
 from conveyor.broker.backend.postgres import PostgresBackend
 from conveyor.broker.engine import InvalidArgument as EngineInvalidArgument
-from conveyor.broker.engine import Job, QueueOpts
+from conveyor.broker.engine import Job, Limits, QueueOpts
 from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
 from tests.conformance.conftest import Heard
@@ -184,6 +184,60 @@ async def test_a_delayed_job_becomes_claimable_when_the_brokers_clock_reaches_it
     await _until(lambda: None in heard.work)
     ((claimed,),) = await backend.claim([Claim("w1", ("later",), 1)])
     assert claimed.id == job_id
+
+
+# -- partition keys (FLW-3) ----------------------------------------------------------------
+
+
+async def test_a_partition_key_holds_the_job_to_its_keys_limit_flw_3(
+    dsn: str, broker: tuple[PostgresBackend, SteppedScheduler, Heard]
+) -> None:
+    backend, _, heard = broker
+    await backend.set_limits("tenants", Limits(partition_concurrency=1))
+    async with await _app(dsn) as conn:
+        async with conn.transaction():
+            a1 = await enqueue_tx_async(conn, "tenants", 1, partition="a")
+            a2 = await enqueue_tx_async(conn, "tenants", 2, partition="a")
+            b1 = await enqueue_tx_async(conn, "tenants", 3, partition="b")
+            plain = await enqueue_tx_async(conn, "tenants", 4, partition="")
+    await _until(lambda: heard.told_work("tenants"))
+    job = (await backend.get_jobs([a1]))[0]
+    assert job is not None and job.partition == "a"
+    (taken,) = await backend.claim([Claim("w1", ("tenants",), 10)])
+    # One of key a at a time, the keys in turn, the jobs of no key as one more key
+    # (never served yet: first, as in the engine).
+    assert [c.id for c in taken] == [plain, a1, b1]
+    assert await backend.claim([Claim("w1", ("tenants",), 10)]) == [[]]
+    assert await backend.ack([(taken[1].id, taken[1].lease)]) == [True]  # a's slot frees
+    ((again,),) = await backend.claim([Claim("w1", ("tenants",), 10)])
+    assert again.id == a2
+
+
+def test_a_sync_enqueue_with_a_partition_key(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        migrate_sync(conn)
+        job_id = enqueue_tx(conn, "q", {"n": 1}, partition="tenant-7")
+        cur = conn.execute(
+            "SELECT partition FROM conveyor_jobs WHERE seq = %s",
+            (int(job_id.removeprefix(_prefix(conn)), 16),),
+        )
+        assert cur.fetchone() == ("tenant-7",)
+
+
+def migrate_sync(conn: psycopg.Connection[Any]) -> None:
+    """The schema made on ``conn``'s database (as a broker makes it at its start)."""
+
+    async def make() -> None:
+        async with await psycopg.AsyncConnection.connect(conn.info.dsn, autocommit=True) as c:
+            await migrate(c, "s-")
+
+    asyncio.run(make())
+
+
+def _prefix(conn: psycopg.Connection[Any]) -> str:
+    row = conn.execute("SELECT id_prefix FROM conveyor_meta").fetchone()
+    assert row is not None
+    return str(row[0])
 
 
 # -- keys (ENQ-10) -----------------------------------------------------------------------
@@ -479,6 +533,9 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"key": "k" * 1025}, "key"),
     ({"key": 5}, "key"),
     ({"key": "\ud800"}, "key"),
+    ({"partition": "p" * 1025}, "partition"),
+    ({"partition": 5}, "partition"),
+    ({"partition": "\ud800"}, "partition"),
     ({"payload": math.nan}, "payload"),
     ({"payload": {"a": [math.inf]}}, "payload"),
     ({"payload": {1: 2}}, "payload"),
@@ -598,6 +655,8 @@ async def test_edge_values_are_stored_as_the_backend_stores_them(
         {"delay_s": 0},
         {"key": ""},  # no key (LIM-1)
         {"key": "k" * 1024},
+        {"partition": ""},  # no key (FLW-3)
+        {"partition": "p" * 1024},
         {"payload": "x" * (LIMIT - 2)},
         {"payload": _nest(254)},
         {"payload": "\x00 nul and ü"},
@@ -625,7 +684,7 @@ def _comparable(job: Job, *, at: bool = False) -> dict[str, Any]:
         for name in (
             "state", "priority", "attempts", "max_attempts", "visibility_timeout_s",
             "backoff_base_s", "backoff_max_s", "worker_id", "deadline", "last_error",
-            "died_at", "key", "timeout_s",
+            "died_at", "key", "timeout_s", "partition",
         )
     }  # fmt: skip
     fields["payload"] = _decoded(job.payload_json)
@@ -671,6 +730,7 @@ OVERRIDES = st.fixed_dictionaries(
         "backoff_base_s": st.sampled_from([None, 0.0, 3.0, 10_000.0]),
         "key": st.sampled_from([None, "", "k", "k" * 1025]),
         "timeout_s": st.sampled_from([None, 30.0, 2, 0.0]),
+        "partition": st.sampled_from([None, "", "p", "p" * 1025]),
     },
 )
 

@@ -892,6 +892,641 @@ _V8 = (
     )
 )
 
+
+# v9: flow control without walking the keys (FLW-10), idle keys leaving the turns, keyed
+# jobs alone paying for the per-key index, transactional enqueue with a partition key,
+# and flow locks taken in one order (no deadlock between two brokers' batches).
+#
+# ``conveyor_parts`` gains a key's place: ``head_pri`` (in the turns: an upper bound of
+# the priority of its first claimable row; NULL: not in them) or ``opens`` (waiting: the
+# time a bucket, a back-off or its first row not yet due lets it go), so that a claim
+# takes the key whose turn it is by one index probe (conveyor_parts_turns) and wakes the
+# keys whose time came by another (conveyor_parts_opens). ``idle`` marks a waiting key
+# that had nothing left to remember (no slot held, bucket full, no back-off): when its
+# work comes it joins the turns last, as a key new to the queue (the engine drops such a
+# key, FLW-5). The queue's own row ('') keeps the no-key lot's bound in ``head_pri`` and,
+# in ``resync``, a transaction id that a second look at the queue's keys waits for.
+#
+# Work that comes to a key (an insert, a row put back to pending, a lease ended early)
+# is told to the claims by a row of ``conveyor_part_news`` that the jobs' triggers
+# append, per statement, key and queue, in a queue with ``flow_until`` set: appending
+# takes no lock, so an enqueue never waits for a claim; the next claim of the queue, or
+# the leader's sweep at a timed event, folds them in under its lock. A queue whose
+# ``flow_until`` is NULL gets no news (a claim sets it back to NULL once a queue's flow
+# control ended); when it starts to flow (limits set, a back-off) its keys are read
+# from its jobs once, and once more when every transaction that was running then has
+# ended (one that enqueued without seeing the change has committed by then).
+_V9_TABLES = """
+ALTER TABLE conveyor_parts
+    ADD COLUMN head_pri int,
+    ADD COLUMN opens float8,
+    ADD COLUMN idle boolean NOT NULL DEFAULT false,
+    ADD COLUMN resync xid8;
+CREATE INDEX conveyor_parts_turns ON conveyor_parts (queue, (-(head_pri::bigint)), turn)
+    WHERE head_pri IS NOT NULL AND name <> '';
+CREATE INDEX conveyor_parts_opens ON conveyor_parts (queue, opens) WHERE opens IS NOT NULL;
+CREATE TABLE conveyor_part_news (
+    queue text NOT NULL,
+    name text NOT NULL,
+    priority int NOT NULL,
+    turn bigint NOT NULL,
+    seqs bigint[] NOT NULL,
+    ready boolean NOT NULL,
+    at float8
+);
+CREATE INDEX conveyor_part_news_queue ON conveyor_part_news (queue);
+-- Only keyed rows pay for the per-key claim order; the no-key lot is read from
+-- conveyor_jobs_claim. (A query on it says "partition <> ''" in so many words.)
+DROP INDEX conveyor_jobs_part_claim;
+CREATE INDEX conveyor_jobs_part_keyed ON conveyor_jobs (queue, partition, priority DESC, due, seq)
+    WHERE due IS NOT NULL AND partition <> '';
+-- Parts as v8 left them: every key is looked at again by the next claim, and the no-key
+-- lot probed once.
+UPDATE conveyor_parts SET opens = '-Infinity' WHERE name <> '';
+UPDATE conveyor_parts SET head_pri = 2147483647 WHERE name = '';
+"""
+
+# The news a statement's rows bring (see above), appended by the jobs' triggers: per
+# queue and key, the best priority, the rows, whether one of them is ready now, and a
+# turn taken now (a key new to the queue joins the turns at its first ready job's
+# enqueue, as in the engine; with only rows to come, when the first of them is due).
+_V9_NEWS = """
+    INSERT INTO conveyor_part_news (queue, name, priority, turn, seqs, ready, at)
+    SELECT h.queue, h.partition, h.priority,
+        CASE WHEN h.partition = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, h.seqs,
+        h.ready, h.at
+    FROM (
+        SELECT n.queue, n.partition, max(n.priority) AS priority, array_agg(n.seq) AS seqs,
+            bool_or(n.state <> 'pending' OR NOT n.sched) AS ready, {at} AS at
+        FROM {rows}
+        JOIN conveyor_queues q ON q.name = n.queue
+        WHERE q.flow_until IS NOT NULL{which}
+        GROUP BY n.queue, n.partition
+        ORDER BY min(n.seq)
+    ) h;
+    RETURN NULL;
+"""
+
+_V9_TRIGGERS = _changed(
+    _function(_V2, "conveyor_count_insert"),
+    ("    RETURN NULL;\n", _V9_NEWS.format(rows="new_rows n", which="", at="min(n.enqueued_at)")),
+) + _changed(
+    _function(_V2, "conveyor_count_update"),
+    (
+        "    RETURN NULL;\n",
+        _V9_NEWS.format(
+            rows="new_rows n JOIN old_rows o USING (seq)",
+            at="NULL::float8",
+            which=(
+                "\n            AND ((n.state = 'pending' AND o.state <> 'pending')"
+                "\n                OR (n.state = 'processing' AND o.state = 'processing'"
+                "\n                    AND n.deadline < o.deadline))"
+            ),
+        ),
+    ),
+)
+
+_V9_FUNCTIONS = """
+-- The flow lock of queue q for this transaction (the pair ("conf", hashtext(q))). Locks
+-- are waited for in one order, by hashtext, so that two transactions never wait for each
+-- other: one taken out of that order is only tried, and then false says it is held.
+CREATE FUNCTION conveyor_flow_lock(q text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    k int := hashtext(q);
+    top int := nullif(current_setting('conveyor.flow_lock', true), '')::int;
+BEGIN
+    IF top IS NULL OR k >= top THEN
+        PERFORM pg_advisory_xact_lock(1668246118, k);
+        PERFORM set_config('conveyor.flow_lock', k::text, true);
+    ELSIF NOT pg_try_advisory_xact_lock(1668246118, k) THEN
+        RETURN false;
+    END IF;
+    RETURN true;
+END $$;
+
+-- The keys of queue q read from its jobs (under its lock): a key with no part gets one
+-- (filed last, in the order of its first job), every key not in the turns is looked at
+-- again by the next claim, and the no-key lot is probed. With ``watch`` (the queue starts
+-- to flow: its news, if any, are older than this and dropped), the first claim once
+-- every transaction running now has ended does it again (after folding the news that
+-- came meanwhile, which keep the turns they gave).
+CREATE FUNCTION conveyor_flow_resync(q text, watch boolean) RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    IF watch THEN
+        DELETE FROM conveyor_part_news n WHERE n.queue = q;
+        UPDATE conveyor_parts p SET head_pri = NULL, opens = '-Infinity'
+        WHERE p.queue = q AND p.name <> '';
+    ELSE
+        UPDATE conveyor_parts p SET opens = '-Infinity'
+        WHERE p.queue = q AND p.name <> '' AND p.head_pri IS NULL;
+    END IF;
+    INSERT INTO conveyor_parts (queue, name, turn, opens)
+    SELECT q, k.partition, nextval('conveyor_turn_seq'), '-Infinity'
+    FROM (
+        SELECT j.partition, min(j.seq) AS first FROM conveyor_jobs j
+        WHERE j.queue = q AND j.partition <> '' AND j.state <> 'dead'
+        GROUP BY j.partition ORDER BY 2
+    ) k
+    ON CONFLICT (queue, name) DO NOTHING;
+    -- (With ``watch``, the first claim after this commits notes which transactions it
+    -- must see end: a transaction begun before this commit has its id by then, or has
+    -- not yet written.)
+    INSERT INTO conveyor_parts AS p (queue, name, turn, head_pri, resync)
+    VALUES (q, '', 0, 2147483647, CASE WHEN watch THEN '0'::xid8 END)
+    ON CONFLICT (queue, name) DO UPDATE SET head_pri = 2147483647,
+        resync = excluded.resync;
+END $$;
+
+-- Queue q starts to flow (limits, a back-off): its keys read once if it got no news.
+CREATE FUNCTION conveyor_flow_on(q text) RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    IF (SELECT cq.flow_until FROM conveyor_queues cq WHERE cq.name = q) IS NULL THEN
+        PERFORM conveyor_flow_resync(q, true);
+    END IF;
+END $$;
+
+-- File key k of queue q where its state at p_now says (under the queue's lock): waiting
+-- for its back-off or bucket (``ptol``: its bucket's tolerance, NULL without a partition
+-- rate); in the turns with its first claimable row's priority (rows of ``skip`` are
+-- taken by this claim); waiting for its first row not yet due (a pending one, or a lease
+-- that may lapse; ``mine``: the rows this claim picked of it); or, with nothing to wait
+-- for and nothing to remember, gone. The priority it is filed with, or NULL.
+CREATE FUNCTION conveyor_part_file(
+    q text, k text, p_now float8, ptol float8, skip bigint[], mine bigint[]
+) RETURNS int LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    p conveyor_parts%ROWTYPE;
+    hold float8;
+    best int;
+    nxt float8;
+    held boolean;
+BEGIN
+    SELECT * INTO p FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = k;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    hold := greatest(coalesce(p.until, '-Infinity'),
+        CASE WHEN ptol IS NULL OR p.tat IS NULL THEN '-Infinity' ELSE p.tat - ptol END);
+    IF hold > p_now THEN
+        UPDATE conveyor_parts cp SET head_pri = NULL, opens = hold, idle = false
+        WHERE cp.queue = q AND cp.name = k;
+        RETURN NULL;
+    END IF;
+    SELECT j.priority INTO best FROM conveyor_jobs j
+    WHERE j.queue = q AND j.partition = k AND j.partition <> '' AND j.due <= p_now
+        AND j.seq <> ALL(skip)
+    ORDER BY j.priority DESC, j.due, j.seq
+    LIMIT 1;
+    IF FOUND THEN
+        UPDATE conveyor_parts cp SET head_pri = best, opens = NULL, idle = false,
+            turn = CASE WHEN cp.idle THEN nextval('conveyor_turn_seq') ELSE cp.turn END
+        WHERE cp.queue = q AND cp.name = k;
+        RETURN best;
+    END IF;
+    SELECT min(j.due) INTO nxt FROM conveyor_jobs j
+    WHERE j.queue = q AND j.partition = k AND j.partition <> '' AND j.due > p_now;
+    IF cardinality(mine) > 0 THEN
+        nxt := least(nxt, (
+            SELECT min(p_now + j.visibility_timeout_s) FROM conveyor_jobs j
+            WHERE j.seq = ANY(mine)
+        ));
+    END IF;
+    held := cardinality(mine) > 0 OR EXISTS (
+        SELECT 1 FROM conveyor_jobs j
+        WHERE j.queue = q AND j.partition = k AND j.partition <> ''
+            AND j.state = 'processing' AND j.deadline > p_now
+    );
+    IF NOT held AND coalesce(p.until <= p_now, true)
+        AND (ptol IS NULL OR p.tat IS NULL OR p.tat <= p_now)
+    THEN
+        IF nxt IS NULL THEN
+            DELETE FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = k;
+        ELSE
+            UPDATE conveyor_parts cp SET head_pri = NULL, opens = nxt, idle = true
+            WHERE cp.queue = q AND cp.name = k;
+        END IF;
+    ELSE
+        UPDATE conveyor_parts cp SET head_pri = NULL, opens = nxt, idle = false
+        WHERE cp.queue = q AND cp.name = k;
+    END IF;
+    RETURN NULL;
+END $$;
+
+-- Fold queue q's news into its parts (under its lock), each key in the order of its
+-- turn: a key with no part, or whose part had nothing left to remember but the rows the
+-- news tells of, joins the turns last; a key in the turns has its bound raised.
+CREATE FUNCTION conveyor_flow_news(q text, p_now float8) RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    ptol float8;
+    p conveyor_parts%ROWTYPE;
+    h record;
+    due float8;
+BEGIN
+    SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
+    INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
+    FOR h IN
+        WITH d AS (
+            DELETE FROM conveyor_part_news n WHERE n.queue = q
+            RETURNING n.name, n.priority, n.turn, n.seqs, n.ready, n.at
+        )
+        SELECT d.name, max(d.priority) AS priority,
+            coalesce(min(d.turn) FILTER (WHERE d.ready), min(d.turn)) AS turn,
+            array_agg(s.seq) AS seqs, bool_or(d.ready) AS ready,
+            coalesce(min(d.at) FILTER (WHERE d.ready), p_now) AS at
+        FROM d CROSS JOIN LATERAL unnest(d.seqs) AS s(seq)
+        GROUP BY d.name ORDER BY 3
+    LOOP
+        IF h.name = '' THEN
+            INSERT INTO conveyor_parts AS cp (queue, name, turn, head_pri)
+            VALUES (q, '', 0, h.priority)
+            ON CONFLICT (queue, name) DO UPDATE
+                -- (Out of the turns, the lot's other rows are not in its bound: probe.)
+                SET head_pri = CASE WHEN cp.head_pri IS NULL THEN 2147483647
+                    ELSE greatest(cp.head_pri, excluded.head_pri) END,
+                    opens = NULL;
+            CONTINUE;
+        END IF;
+        SELECT * INTO p FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = h.name;
+        IF NOT h.ready THEN
+            -- Rows to come only: the key takes its turn when the first is due, with the
+            -- other keys whose rows mature then, in that order (the settle's wake).
+            due := (SELECT min(j.due) FROM conveyor_jobs j WHERE j.seq = ANY(h.seqs));
+        END IF;
+        IF NOT FOUND AND NOT h.ready THEN
+            IF due IS NOT NULL THEN
+                INSERT INTO conveyor_parts (queue, name, turn, idle, opens)
+                VALUES (q, h.name, h.turn, true, due);
+            END IF;
+        ELSIF NOT FOUND THEN
+            INSERT INTO conveyor_parts (queue, name, turn) VALUES (q, h.name, h.turn);
+            PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
+        ELSIF p.head_pri IS NOT NULL THEN
+            IF h.priority > p.head_pri THEN
+                UPDATE conveyor_parts cp SET head_pri = h.priority
+                WHERE cp.queue = q AND cp.name = h.name;
+            END IF;
+        ELSE
+            IF coalesce(p.until <= p_now, true)
+                AND (ptol IS NULL OR p.tat IS NULL OR p.tat <= p_now)
+                AND NOT EXISTS (
+                    SELECT 1 FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.partition = h.name AND j.partition <> ''
+                        AND j.state = 'processing' AND j.deadline > p_now
+                )
+                AND NOT EXISTS (
+                    SELECT 1 FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.partition = h.name AND j.partition <> ''
+                        AND j.due <= least(h.at, p_now) AND j.seq <> ALL(h.seqs)
+                )
+            THEN
+                IF h.ready THEN
+                    UPDATE conveyor_parts cp SET turn = h.turn, idle = false
+                    WHERE cp.queue = q AND cp.name = h.name;
+                ELSE
+                    IF due IS NOT NULL THEN
+                        UPDATE conveyor_parts cp SET turn = h.turn, idle = true,
+                            opens = least(cp.opens, due)
+                        WHERE cp.queue = q AND cp.name = h.name;
+                    END IF;
+                    CONTINUE;
+                END IF;
+            END IF;
+            PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
+        END IF;
+    END LOOP;
+END $$;
+-- Bring queue q's parts up to p_now (under its lock): its news folded in, the second
+-- look at its keys when it is due, and the no-key lot and the keys whose wait ran out
+-- filed again (the keys in the order they were due). A claim does it first; the sweep
+-- does it at each timed event too, so that a key whose job matured, or whose lease
+-- lapsed, takes its turn then, as in the engine, not at the next claim.
+CREATE FUNCTION conveyor_flow_settle(q text, p_now float8) RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    own conveyor_parts%ROWTYPE;
+    ptol float8;
+    h record;
+BEGIN
+    SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
+    INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
+    PERFORM conveyor_flow_news(q, p_now);
+    SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
+    IF own.resync = '0'::xid8 THEN
+        UPDATE conveyor_parts cp SET resync = pg_snapshot_xmax(pg_current_snapshot())
+        WHERE cp.queue = q AND cp.name = '';
+    ELSIF own.resync IS NOT NULL AND pg_snapshot_xmin(pg_current_snapshot()) >= own.resync THEN
+        PERFORM conveyor_flow_resync(q, false);
+    END IF;
+    UPDATE conveyor_parts cp SET head_pri = 2147483647, opens = NULL
+    WHERE cp.queue = q AND cp.name = '' AND cp.opens <= p_now;
+    FOR h IN
+        SELECT cp.name FROM conveyor_parts cp
+        WHERE cp.queue = q AND cp.opens <= p_now AND cp.name <> ''
+        ORDER BY cp.opens, cp.turn
+    LOOP
+        PERFORM conveyor_part_file(q, h.name, p_now, ptol, '{}', '{}');
+    END LOOP;
+END $$;
+
+-- File keys ``ks`` of queue q again at p_now (under its lock), after its news: their
+-- jobs went without a trace (cancelled), and one with nothing left leaves the turns now.
+CREATE FUNCTION conveyor_flow_refile(q text, ks text[], p_now float8) RETURNS void
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    ptol float8;
+    k text;
+BEGIN
+    PERFORM conveyor_flow_settle(q, p_now);
+    SELECT (coalesce(cq.partition_burst, 1) - 1) * (cq.partition_per_s / cq.partition_rate)
+    INTO ptol FROM conveyor_queues cq WHERE cq.name = q;
+    FOREACH k IN ARRAY ks LOOP
+        PERFORM conveyor_part_file(q, k, p_now, ptol, '{}', '{}');
+    END LOOP;
+END $$;
+"""
+
+# The claim of one queue under flow control (v8's contract, see _V8_CLAIM_FLOW), without
+# walking the keys: it folds in the news, wakes the keys whose time came (each by the
+# index of ``opens``), then takes the key whose turn it is by the index of the turns,
+# compares it with the no-key lot, and files the key again after each job (its next
+# row's priority, or waiting). A bound found too high is lowered and the pick made again
+# (a row cancelled or expired meanwhile): each correction is paid for by the change that
+# made it. Keys found at their concurrency are passed over for the rest of the claim (the
+# walk's position moves past them), not probed again for each job. A claim that cannot
+# take the queue's lock in order (its transaction already holds one that comes later,
+# and another transaction holds this one) hands out nothing of it and says "now" as its
+# wake, so that it is claimed again at once.
+_V9_CLAIM_FLOW = """
+CREATE OR REPLACE FUNCTION conveyor_claim_flow(
+    q text, want int, p_now float8, busy bigint[], OUT picked bigint[], OUT wake float8
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    lim conveyor_queues%ROWTYPE;
+    own conveyor_parts%ROWTYPE;
+    t float8;
+    tol float8;
+    pt float8;
+    ptol float8;
+    held bigint := 0;
+    held_p bigint;
+    p conveyor_parts%ROWTYPE;
+    h record;
+    r record;
+    pos_h bigint := -9223372036854775808;
+    pos_t bigint := -9223372036854775808;
+    skip bigint[] := busy;
+    keys text[] := '{}';
+    expired bigint[] := '{}';
+    used_up bigint[] := '{}';
+    mine bigint[];
+    plain boolean;
+BEGIN
+    picked := '{}';
+    IF NOT conveyor_flow_lock(q) THEN
+        wake := p_now;
+        RETURN;
+    END IF;
+    SELECT * INTO lim FROM conveyor_queues cq WHERE cq.name = q;
+    INSERT INTO conveyor_parts (queue, name, turn, head_pri) VALUES (q, '', 0, 2147483647)
+    ON CONFLICT DO NOTHING;
+    SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
+    IF lim.rate IS NOT NULL THEN
+        t := lim.per_s / lim.rate;
+        tol := (coalesce(lim.burst, 1) - 1) * t;
+    END IF;
+    IF lim.partition_rate IS NOT NULL THEN
+        pt := lim.partition_per_s / lim.partition_rate;
+        ptol := (coalesce(lim.partition_burst, 1) - 1) * pt;
+    END IF;
+    PERFORM conveyor_flow_settle(q, p_now);
+    SELECT * INTO own FROM conveyor_parts cp WHERE cp.queue = q AND cp.name = '';
+    IF lim.concurrency IS NOT NULL THEN
+        SELECT count(*) INTO held FROM conveyor_jobs j
+        WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now;
+    END IF;
+    LOOP
+        EXIT WHEN cardinality(picked) >= want;
+        -- The queue's own back-off, concurrency and bucket (FLW-6, FLW-2, FLW-4).
+        IF own.until > p_now THEN
+            wake := own.until;
+            EXIT;
+        END IF;
+        IF lim.concurrency IS NOT NULL AND held >= lim.concurrency THEN
+            -- A slot frees by a release (which tells) or when a lease lapses: then.
+            SELECT min(j.deadline) INTO wake FROM conveyor_jobs j
+            WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now;
+            EXIT;
+        END IF;
+        IF t IS NOT NULL AND own.tat IS NOT NULL AND p_now < own.tat - tol THEN
+            wake := own.tat - tol;
+            EXIT;
+        END IF;
+        -- The key whose turn it is (FLW-5), past those found at their concurrency.
+        SELECT * INTO p FROM conveyor_parts cp
+        WHERE cp.queue = q AND cp.head_pri IS NOT NULL AND cp.name <> ''
+            AND (-(cp.head_pri::bigint), cp.turn) > (pos_h, pos_t)
+        ORDER BY -(cp.head_pri::bigint), cp.turn
+        LIMIT 1;
+        IF NOT FOUND THEN
+            p := NULL;
+        END IF;
+        plain := own.head_pri IS NOT NULL AND (p.name IS NULL
+            OR (-(own.head_pri::bigint), own.turn) < (-(p.head_pri::bigint), p.turn));
+        IF plain THEN
+            -- The no-key lot's turn, if its first row has the priority its bound says.
+            SELECT j.seq, j.priority, j.attempts, j.max_attempts, j.expires_at INTO r
+            FROM conveyor_jobs j
+            WHERE j.queue = q AND j.partition = '' AND j.due <= p_now
+                AND j.seq <> ALL(skip)
+            ORDER BY j.priority DESC, j.due, j.seq
+            LIMIT 1;
+            IF NOT FOUND THEN
+                -- Out of the turns until a job of no key may be due: news of one, or
+                -- the first row of the queue's to mature or lapse (an early look
+                -- finds nothing and waits again).
+                own.head_pri := NULL;
+                own.opens := least(
+                    (SELECT min(j.ready_at) FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.sched AND j.ready_at > p_now),
+                    (SELECT min(j.deadline) FROM conveyor_jobs j
+                    WHERE j.queue = q AND j.state = 'processing' AND j.deadline > p_now));
+                CONTINUE;
+            ELSIF r.priority < own.head_pri THEN
+                own.head_pri := r.priority;
+                CONTINUE;
+            END IF;
+            skip := skip || r.seq;
+            -- Another transaction holds the row (a report, a cancel): not claimable now.
+            PERFORM 1 FROM conveyor_jobs j WHERE j.seq = r.seq FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+        ELSE
+            EXIT WHEN p.name IS NULL;
+            IF lim.partition_concurrency IS NOT NULL THEN
+                SELECT count(*) INTO held_p FROM conveyor_jobs j
+                WHERE j.queue = q AND j.partition = p.name AND j.partition <> ''
+                    AND j.state = 'processing' AND j.deadline > p_now;
+                held_p := held_p + (SELECT count(*) FROM unnest(keys) k WHERE k = p.name);
+                IF held_p >= lim.partition_concurrency THEN
+                    pos_h := -(p.head_pri::bigint);
+                    pos_t := p.turn;
+                    wake := least(wake, (
+                        SELECT min(j.deadline) FROM conveyor_jobs j
+                        WHERE j.queue = q AND j.partition = p.name AND j.partition <> ''
+                            AND j.state = 'processing' AND j.deadline > p_now
+                    ));
+                    CONTINUE;
+                END IF;
+            END IF;
+            SELECT j.seq, j.priority, j.attempts, j.max_attempts, j.expires_at INTO r
+            FROM conveyor_jobs j
+            WHERE j.queue = q AND j.partition = p.name AND j.partition <> ''
+                AND j.due <= p_now AND j.seq <> ALL(skip)
+            ORDER BY j.priority DESC, j.due, j.seq
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                mine := ARRAY(SELECT u.s FROM unnest(picked, keys) AS u(s, k) WHERE u.k = p.name);
+                PERFORM conveyor_part_file(q, p.name, p_now, ptol, skip, mine);
+                CONTINUE;
+            ELSIF r.priority < p.head_pri THEN
+                UPDATE conveyor_parts cp SET head_pri = r.priority
+                WHERE cp.queue = q AND cp.name = p.name;
+                CONTINUE;
+            END IF;
+            skip := skip || r.seq;
+        END IF;
+        IF r.expires_at IS NOT NULL AND p_now >= r.expires_at THEN
+            expired := expired || r.seq;  -- CLM-4: it costs no limit
+            CONTINUE;
+        ELSIF r.attempts >= r.max_attempts THEN
+            used_up := used_up || r.seq;  -- CLM-3
+            CONTINUE;
+        END IF;
+        picked := picked || r.seq;
+        held := held + 1;
+        IF t IS NOT NULL THEN
+            own.tat := greatest(coalesce(own.tat, p_now), p_now) + t;
+        END IF;
+        IF plain THEN
+            keys := keys || ''::text;
+            own.turn := nextval('conveyor_turn_seq');
+        ELSE
+            keys := keys || p.name;
+            UPDATE conveyor_parts cp SET turn = nextval('conveyor_turn_seq'),
+                tat = CASE WHEN pt IS NULL THEN cp.tat
+                    ELSE greatest(coalesce(cp.tat, p_now), p_now) + pt END
+            WHERE cp.queue = q AND cp.name = p.name;
+            mine := ARRAY(SELECT u.s FROM unnest(picked, keys) AS u(s, k) WHERE u.k = p.name);
+            PERFORM conveyor_part_file(q, p.name, p_now, ptol, skip, mine);
+        END IF;
+    END LOOP;
+    UPDATE conveyor_parts cp SET tat = own.tat, turn = own.turn, head_pri = own.head_pri,
+        opens = own.opens
+    WHERE cp.queue = q AND cp.name = '';
+    IF cardinality(expired) > 0 THEN
+        UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now, last_error = 'expired',
+            worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+        WHERE j.seq = ANY(expired);
+    END IF;
+    IF cardinality(used_up) > 0 THEN
+        UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now,
+            last_error = 'max attempts exceeded',
+            worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+        WHERE j.seq = ANY(used_up);
+    END IF;
+    IF cardinality(picked) < want THEN
+        -- When the first key waiting on time lets it go (one index probe).
+        wake := least(wake, (
+            SELECT min(cp.opens) FROM conveyor_parts cp
+            WHERE cp.queue = q AND cp.opens > p_now
+        ));
+    END IF;
+END $$;
+"""
+
+# conveyor_enqueue as v6 made it, with the job's partition key (FLW-3: at most 1,024
+# characters; NULL or '' for none), last and defaulted so that every call written for
+# v6 means what it meant. (Dropped first: another argument is another function, and two
+# that a call could mean would make it ambiguous.)
+_V6_ENQUEUE = _V6[_V6.index("CREATE OR REPLACE FUNCTION conveyor_enqueue(") :]
+_V6_ENQUEUE = _V6_ENQUEUE[: _V6_ENQUEUE.index("END $$;") + len("END $$;")]
+_V9_ENQUEUE = (
+    """
+DROP FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, float8, numeric,
+    float8, text, float8);
+"""
+    + _changed(
+        _V6_ENQUEUE,
+        (
+            "    timeout_s float8 DEFAULT NULL\n)",
+            "    timeout_s float8 DEFAULT NULL,\n    partition text DEFAULT NULL\n)",
+        ),
+        (
+            "    lim_s float8 := conveyor_enqueue.timeout_s;\n",
+            "    lim_s float8 := conveyor_enqueue.timeout_s;\n"
+            "    part text := coalesce(conveyor_enqueue.partition, '');\n",
+        ),
+        (
+            "    IF k = '' THEN\n",
+            "    IF length(part) > 1024 THEN  -- FLW-3\n"
+            "        PERFORM conveyor_refuse('invalid_argument', 'partition',\n"
+            "            'must be at most 1024 characters, got ' || length(part));\n"
+            "    END IF;\n"
+            "    IF k = '' THEN\n",
+        ),
+        ("expires_at, key, timeout_s, sched)\n", "expires_at, key, timeout_s, partition, sched)\n"),
+        ("lim_s, ready > t)", "lim_s, part, ready > t)"),
+    )
+    + """
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, '
+        'float8, numeric, float8, text, float8, text) SET search_path = %I, pg_temp',
+        current_schema()
+    );
+END $$;
+"""
+)
+
+# conveyor_claim as v8 made it, and a queue whose flow control ended (its last back-off
+# ran out, it has no limits) gets no more news until it flows again.
+_V9 = (
+    _V9_TABLES
+    + _V9_TRIGGERS
+    + _V9_FUNCTIONS
+    + _V9_CLAIM_FLOW
+    + _V9_ENQUEUE
+    + _changed(
+        _function(_V8, "conveyor_claim"),
+        (
+            "        CONTINUE WHEN NOT FOUND;\n        IF flow_at > p_now THEN\n",
+            "        CONTINUE WHEN NOT FOUND;\n"
+            "        IF flow_at <= p_now THEN\n"
+            "            -- (Never waiting for the row: a back-off may hold it, and then\n"
+            "            -- the queue flows again anyway.)\n"
+            "            UPDATE conveyor_queues cq SET flow_until = NULL\n"
+            "            WHERE cq.name IN (\n"
+            "                SELECT c2.name FROM conveyor_queues c2\n"
+            "                WHERE c2.name = q AND c2.flow_until <= p_now\n"
+            "                FOR UPDATE SKIP LOCKED\n"
+            "            );\n"
+            "            IF FOUND THEN\n"
+            "                DELETE FROM conveyor_part_news n WHERE n.queue = q;\n"
+            "            END IF;\n"
+            "        END IF;\n"
+            "        IF flow_at > p_now THEN\n",
+        ),
+    )
+)
+
+
 # Schedules (docs/contract.md, SCH-1 on): one row per schedule. ``spec`` holds its timing
 # and the options of the jobs it makes, as given (resolved against the queue's options
 # when a tick fires, as an enqueue then would be); ``payload`` is stored as the jobs store
@@ -918,7 +1553,7 @@ CREATE TABLE conveyor_schedules (
 CREATE INDEX conveyor_schedules_next ON conveyor_schedules (next_at) WHERE next_at IS NOT NULL;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V_SCHEDULES)
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V_SCHEDULES)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

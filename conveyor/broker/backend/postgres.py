@@ -61,17 +61,25 @@ Advisory lock ids (``pg_advisory_lock``'s one-bigint key space of the database):
 * ``0x636F6E6C`` ("conl"): the leader (``_LEADER_LOCK``), per session, on the hearing
   connection.
 * the pair (``0x636F6E66`` ("conf"), ``hashtext(queue)``), in the two-int key space:
-  a queue under flow control, per transaction (``_FLOW_LOCK_SQL``).
+  a queue under flow control, per transaction (``conveyor_flow_lock``). A transaction
+  waits for these in the order of ``hashtext`` only; one out of that order is tried, and
+  a claim that fails to get it hands out nothing of that queue and asks to be made again
+  at once, while any other call runs its batch's calls each alone. So two brokers'
+  batches never deadlock on them.
 
 Flow control (FLW-1 to FLW-10). A queue with limits, or with a back-off in force, is
-claimed by ``conveyor_claim_flow`` (``_pg_schema``, v8) under that queue's lock, so that
+claimed by ``conveyor_claim_flow`` (``_pg_schema``, v9) under that queue's lock, so that
 claims of every broker on it run one at a time and the slots they count (the processing
 rows with a valid lease, so a lapse frees one without a write) stay true until each
 commits; every other queue is claimed as before, without the lock. Turns, buckets and
-back-offs live in ``conveyor_parts``, shared by the brokers. A release under limits (an
-ack, a death, a cancel) tells the other brokers ("w:"); a claim held back by time, or by
-slots whose leases will lapse, tells when it lets go ("t:"), and this broker sets its
-timer for then.
+back-offs live in ``conveyor_parts``, shared by the brokers: a key waits there either in
+the turns (by the priority its first row may have) or for a time, so a claim takes the
+next key by an index probe, never walking the keys. Enqueues, retries and back-offs tell
+the parts of new work through ``conveyor_part_news`` (appended by the jobs' triggers, so
+an enqueue never waits for a claim), which the next claim folds in. A release under
+limits (an ack, a death, a cancel) tells the other brokers ("w:"); a claim held back by
+time, or by slots whose leases will lapse, tells when it lets go ("t:"), and this
+broker sets its timer for then.
 
 Schedules (SCH-1 to SCH-11), in ``conveyor_schedules`` (``_pg_schema``): every broker keeps
 one more timer, for the earliest ``next_at`` of any schedule (one probe of its partial
@@ -221,16 +229,6 @@ WITH src AS (
 SELECT src.seq, ins.seq IS NOT NULL FROM src LEFT JOIN ins USING (seq) ORDER BY src.ord
 """
 
-# A partition key's row, made when its first job comes: it joins the turns last (FLW-5).
-# (DO NOTHING takes no lock on a row that exists: an enqueue never waits for a claim.)
-_ADD_PARTS = """
-INSERT INTO conveyor_parts (queue, name, turn)
-SELECT u.queue, u.name, nextval('conveyor_turn_seq')
-FROM (SELECT DISTINCT queue, name FROM unnest(%s::text[], %s::text[]) AS u(queue, name)) u
-WHERE NOT EXISTS (SELECT 1 FROM conveyor_parts p WHERE p.queue = u.queue AND p.name = u.name)
-ON CONFLICT (queue, name) DO NOTHING
-"""
-
 _KEYED = """
 SELECT j.queue, j.key, j.seq FROM conveyor_jobs j
 JOIN unnest(%s::text[], %s::text[]) AS u(queue, key) ON j.queue = u.queue AND j.key = u.key
@@ -309,11 +307,13 @@ WHERE j.seq = u.seq
 
 _CANCEL = f"""
 WITH d AS (
-    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%(seqs)s::bigint[]) RETURNING j.seq, j.queue
+    DELETE FROM conveyor_jobs j WHERE j.seq = ANY(%(seqs)s::bigint[])
+    RETURNING j.seq, j.queue, j.partition
 ), t AS (
     INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
 ), {_FREED}
-SELECT seq, pg_notify('conveyor', 'c:' || seq)::text FROM d UNION ALL SELECT NULL, name FROM f
+SELECT seq, pg_notify('conveyor', 'c:' || seq)::text, partition FROM d
+UNION ALL SELECT NULL, name, NULL FROM f
 """
 
 _REDRIVE = """
@@ -438,7 +438,8 @@ SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.e
     (SELECT min(j.ready_at) FROM conveyor_jobs j
         WHERE j.queue = q.name AND j.state = 'pending' AND NOT j.sched) AS oldest,
     q.flow_until IS NOT NULL OR EXISTS (
-        SELECT 1 FROM conveyor_parts p WHERE p.queue = q.name
+        SELECT 1 FROM conveyor_jobs j
+        WHERE j.queue = q.name AND j.partition <> '' AND j.due IS NOT NULL
     ) AS flows
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
@@ -448,8 +449,16 @@ ORDER BY q.made
 
 
 # Claims of a queue under flow control, and the changes of its limits and back-offs, run
-# one at a time (see conveyor_claim_flow: the same pair of keys).
-_FLOW_LOCK_SQL = "SELECT pg_advisory_xact_lock(1668246118, hashtext(%s))"
+# one at a time (see conveyor_claim_flow: the same lock). The locks are waited for in
+# one order (conveyor_flow_lock): false says one was out of it and held elsewhere.
+_FLOW_LOCK_SQL = "SELECT conveyor_flow_lock(%s)"
+# The order the flow locks of some queues are waited for in.
+_FLOW_LOCK_ORDER = "SELECT n FROM unnest(%s::text[]) AS n ORDER BY hashtext(n), n"
+
+# The queues under flow control at now, in the order their locks are taken in.
+_FLOWING = """
+SELECT name FROM conveyor_queues WHERE flow_until > %(now)s ORDER BY hashtext(name), name
+"""
 
 _SET_LIMITS = """
 WITH q AS (
@@ -463,10 +472,13 @@ WITH q AS (
         ) END
     WHERE name = %(q)s
 ), own AS (
-    INSERT INTO conveyor_parts (queue, name, turn) VALUES (%(q)s, '', 0)
+    INSERT INTO conveyor_parts (queue, name, turn, head_pri) VALUES (%(q)s, '', 0, 2147483647)
     ON CONFLICT DO NOTHING
 )
-UPDATE conveyor_parts SET tat = NULL WHERE queue = %(q)s AND tat IS NOT NULL
+UPDATE conveyor_parts SET tat = NULL,
+    -- a key waiting on time is looked at again by the next claim (its bucket is full)
+    opens = CASE WHEN opens IS NOT NULL THEN '-Infinity'::float8 END
+WHERE queue = %(q)s AND (tat IS NOT NULL OR opens IS NOT NULL)
 """
 
 _BACKING_OFF = """
@@ -486,17 +498,24 @@ WITH b AS (
 INSERT INTO conveyor_counts (queue, retried) SELECT queue, -count(*) FROM b GROUP BY queue
 """
 
-# Each (queue, key) held until its time, a later hold winning ('' is the queue itself).
+# Each (queue, key) held until its time, a later hold winning ('' is the queue itself):
+# a key leaves the turns and waits for its time (a claim looks at it again then).
 _HOLD_PARTS = """
 WITH u AS (
     SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[]) AS u(queue, name, until)
 ), p AS (
-    INSERT INTO conveyor_parts AS p (queue, name, turn, until)
+    INSERT INTO conveyor_parts AS p (queue, name, turn, until, opens, head_pri)
     SELECT u.queue, u.name,
-        CASE WHEN u.name = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, u.until
+        CASE WHEN u.name = '' THEN 0 ELSE nextval('conveyor_turn_seq') END, u.until,
+        CASE WHEN u.name <> '' THEN u.until END,
+        CASE WHEN u.name = '' THEN 2147483647 END
     FROM u
     ON CONFLICT (queue, name) DO UPDATE
-        SET until = greatest(coalesce(p.until, '-Infinity'), excluded.until)
+        SET until = greatest(coalesce(p.until, '-Infinity'), excluded.until),
+            opens = CASE WHEN p.name <> ''
+                THEN greatest(coalesce(p.until, '-Infinity'), excluded.until) ELSE p.opens END,
+            head_pri = CASE WHEN p.name = '' THEN p.head_pri END,
+            idle = false
 )
 UPDATE conveyor_queues q SET flow_until = greatest(coalesce(q.flow_until, '-Infinity'), m.until)
 FROM (SELECT queue, max(until) AS until FROM u GROUP BY queue) m
@@ -570,8 +589,9 @@ def _limit_row(limits: Limits) -> dict[str, int | float | None]:
 
 # stats' flow-control fields (FLW-8), per queue: its limits, its own back-off and bucket,
 # its slots held (when it counts them), the keys with ready jobs and, of those, the ready
-# jobs of the keys a limit holds back. It probes each key of the queue (O(k)), and counts
-# the ready jobs of the keys held back only.
+# jobs of the keys a limit holds back. It finds the queue's keys from its jobs, one
+# probe of the per-key index each (O(k log n): the parts may not have heard of a key's
+# jobs yet), and counts the ready jobs of the keys held back only.
 _FLOW_STATS = """
 SELECT q.name, q.concurrency, q.rate, q.per_s, q.burst, q.partition_concurrency,
     q.partition_rate, q.partition_per_s, q.partition_burst, o.until, o.tat,
@@ -589,21 +609,36 @@ CROSS JOIN LATERAL (
             AND j.ready_at <= %(now)s
     ) END), 0)::bigint AS limited
     FROM (
-        SELECT p.name, (
+        SELECT k.name, (
             coalesce(p.until > %(now)s, false)
             OR (q.partition_rate IS NOT NULL AND p.tat IS NOT NULL AND %(now)s
                 < p.tat - (coalesce(q.partition_burst, 1) - 1)
                     * (q.partition_per_s / q.partition_rate))
             OR (q.partition_concurrency IS NOT NULL AND (
                 SELECT count(*) FROM conveyor_jobs j
-                WHERE j.queue = q.name AND j.partition = p.name AND j.partition <> ''
+                WHERE j.queue = q.name AND j.partition = k.name AND j.partition <> ''
                     AND j.state = 'processing' AND j.deadline > %(now)s
             ) >= q.partition_concurrency)
         ) AS blocked
-        FROM conveyor_parts p
-        WHERE p.queue = q.name AND p.name <> '' AND EXISTS (
+        FROM (
+            WITH RECURSIVE k AS (
+                (SELECT j.partition AS name FROM conveyor_jobs j
+                WHERE j.queue = q.name AND j.partition <> '' AND j.due IS NOT NULL
+                ORDER BY j.partition LIMIT 1)
+                UNION ALL
+                SELECT (
+                    SELECT j.partition FROM conveyor_jobs j
+                    WHERE j.queue = q.name AND j.partition <> '' AND j.due IS NOT NULL
+                        AND j.partition > k.name
+                    ORDER BY j.partition LIMIT 1
+                ) FROM k WHERE k.name IS NOT NULL
+            )
+            SELECT k.name FROM k WHERE k.name IS NOT NULL
+        ) k
+        LEFT JOIN conveyor_parts p ON p.queue = q.name AND p.name = k.name
+        WHERE EXISTS (
             SELECT 1 FROM conveyor_jobs j
-            WHERE j.queue = q.name AND j.partition = p.name AND j.state = 'pending'
+            WHERE j.queue = q.name AND j.partition = k.name AND j.state = 'pending'
                 AND j.ready_at <= %(now)s
         )
     ) b
@@ -629,6 +664,12 @@ def _flow_fields(row: tuple[Any, ...], now: float, ready: int) -> dict[str, Any]
         "backoff_until": until if until is not None and until > now else None,
         "limits": limits,
     }
+
+
+class _OutOfOrder(Exception):
+    """A flow lock a call needs comes before one its batch's transaction holds in the
+    locks' order, and another transaction holds it: waiting could deadlock. Raised out
+    of the work, it makes ``_run_batch`` run each call of the batch alone."""
 
 
 def _error(exc: BaseException) -> StoreError:
@@ -1273,6 +1314,14 @@ class PostgresBackend:
             # The counters' deltas are folded here too, so that they stay few whether
             # or not anyone asks for stats.
             await self._fold(None)
+            # Queues under flow control have their keys brought up to this time: a job
+            # matured or a lease lapsed now takes its key's turn now (FLW-5).
+            cur = await conn.execute(_FLOWING, {"now": now})
+            for (queue,) in await cur.fetchall():
+                cur = await conn.execute(_FLOW_LOCK_SQL, (queue,))
+                row = await cur.fetchone()
+                if row is not None and row[0]:
+                    await conn.execute("SELECT conveyor_flow_settle(%s, %s)", (queue, now))
         return SweepResult(*counts)
 
     async def _fold(self, names: list[str] | None) -> None:
@@ -1664,7 +1713,9 @@ class PostgresBackend:
             conn = self._conn
             async with conn.transaction():
                 await self._queues([name])
-                await conn.execute(_FLOW_LOCK_SQL, (name,))
+                await self._flow_lock(name)
+                if checked.any:
+                    await conn.execute("SELECT conveyor_flow_on(%s)", (name,))
                 await conn.execute(
                     _SET_LIMITS, {"q": name, "any": checked.any, **_limit_row(checked)}
                 )
@@ -1673,6 +1724,15 @@ class PostgresBackend:
 
         await self._call(work, changes=True)
         self._listeners.work_waiting(frozenset([name]))
+
+    async def _flow_lock(self, queue: str) -> None:
+        """Take ``queue``'s flow lock for this transaction; raises ``_OutOfOrder`` when an
+        earlier call of the batch took a lock that comes later in the locks' order and
+        another transaction holds this one (the batch then runs each call alone)."""
+        cur = await self._conn.execute(_FLOW_LOCK_SQL, (queue,))
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise _OutOfOrder(queue)
 
     async def _back_off(self, items: Sequence[BackOff]) -> list[bool | InvalidArgument]:
         """FLW-6, on each item in order: its job back to ready, its attempt given back,
@@ -1739,9 +1799,17 @@ class PostgresBackend:
                     results.append(True)
                 if backed:
                     await conn.execute(_BACK_OFF_JOBS, (backed,), prepare=False)
-                for queue in sorted({queue for queue, _ in holds}):
-                    await conn.execute(_FLOW_LOCK_SQL, (queue,))
                 if holds:
+                    cur = await conn.execute(
+                        _FLOW_LOCK_ORDER, (sorted({queue for queue, _ in holds}),)
+                    )
+                    for (queue,) in await cur.fetchall():
+                        await self._flow_lock(queue)
+                        # A queue that starts to flow has its keys read; the news
+                        # are folded first, so that a key's turn is the one its jobs
+                        # gave it, and this back-off's own job counts as come back.
+                        await conn.execute("SELECT conveyor_flow_on(%s)", (queue,))
+                        await conn.execute("SELECT conveyor_flow_news(%s, %s)", (queue, now))
                     await conn.execute(
                         _HOLD_PARTS,
                         (
@@ -2062,11 +2130,6 @@ class PostgresBackend:
                     events.append(ready_at)
                 if expires_s is not None:
                     events.append(now + expires_s)
-            keyed = [
-                (q, p) for q, p in zip(columns["queue"], columns["partition"], strict=True) if p
-            ]
-            if keyed:
-                await conn.execute(_ADD_PARTS, ([q for q, _ in keyed], [p for _, p in keyed]))
             cur = await conn.execute(_INSERT_JOBS, {**columns, "now": now})
             taken: list[int] = []
             for index, (seq, inserted) in zip(todo, await cur.fetchall(), strict=True):
@@ -2498,8 +2561,27 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
-            cur = await self._conn.execute(_CANCEL, {"seqs": seqs, "now": now})
-            return await cur.fetchall()
+            conn = self._conn
+            async with conn.transaction():
+                cur = await conn.execute(_CANCEL, {"seqs": seqs, "now": now})
+                rows = await cur.fetchall()
+                # A key under flow control whose jobs were cancelled is filed again at
+                # once, as the engine files it: one with nothing left leaves the turns,
+                # and its next job files it last (FLW-5).
+                flowing = {row[1] for row in rows if row[0] is None}
+                keys = {(row[1], row[2]) for row in rows if row[0] is not None and row[2]}
+                keys = {(queue, key) for queue, key in keys if queue in flowing}
+                if keys:
+                    cur = await conn.execute(
+                        _FLOW_LOCK_ORDER, (sorted({queue for queue, _ in keys}),)
+                    )
+                    for (queue,) in await cur.fetchall():
+                        await self._flow_lock(queue)
+                        await conn.execute(
+                            "SELECT conveyor_flow_refile(%s, %s::text[], %s)",
+                            (queue, sorted(key for q, key in keys if q == queue), now),
+                        )
+            return rows
 
         rows = await self._call(work, changes=False)  # (a cancel only takes events away)
         freed = frozenset(row[1] for row in rows if row[0] is None)
