@@ -1403,13 +1403,13 @@ class PostgresBackend:
             self._fire_asap = True
 
     async def _fire_when_due(self) -> None:
-        """Fire the schedules due at the time the timer fired, then at each later tick
-        the clock has already passed, in time order (what a timer set for each would have
-        done: a stepped clock that jumped fires each tick on time, as the local backend
-        does); then set the timer for the earliest tick to come. A firing cut off by a
-        lost connection is done again at the time it is once the connection is back
-        (its ticks then missed or not by their policy); what it committed stands, and
-        what it did not left the schedules as they were, so no tick fires twice."""
+        """Fire the schedules due at the time the timer asked for (``_set_sched_timer``
+        says which), then at each later tick the clock has already passed, in time order
+        (what a timer set for each would have done); then set the timer for the earliest
+        tick to come. A firing cut off by a lost connection is done again at the time it
+        is once the connection is back (its ticks then missed or not by their policy);
+        what it committed stands, and what it did not left the schedules as they were,
+        so no tick fires twice."""
         at = self._fire_at
         if at is None and self._fire_asap:
             at = self.now()
