@@ -172,8 +172,17 @@ async def test_a_schedule_set_on_one_broker_fires_on_another() -> None:
         clock = SteppedScheduler(start=START)
         async with brokers(dsn, clock, 2) as (one, other):
             await one.set_schedule(every_second())
-            # The other broker hears of it (a notice) and sets its timer for it.
+            # The other broker hears of it (a notice) and sets its timer for it; of a
+            # pause, a resume and a delete too.
             await until(lambda: other._sched_at == START + 1, "the other broker's timer")
+            await one.pause_schedule("tick", True)
+            await until(lambda: other._sched_at is None, "the timer unset at the pause")
+            await one.pause_schedule("tick", False)
+            await until(lambda: other._sched_at == START + 1, "the timer set at the resume")
+            await one.set_schedule(ScheduleSpec(id="gone", queue="ticks", every_s=0.5))
+            await until(lambda: other._sched_at == START + 0.5, "the timer for the new one")
+            await one.delete_schedule("gone")
+            await until(lambda: other._sched_at == START + 1, "the timer after the delete")
             await one.close()
             await step(clock, [other], 1)
             assert await keys(dsn, "ticks") == [tick_key("tick", START + 1)]
