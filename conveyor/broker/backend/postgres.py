@@ -1139,8 +1139,16 @@ class PostgresBackend:
             self._opts.pop(what, None)  # its options changed: read them again when used
         elif kind == "s":
             # Another broker made, changed, paused, resumed or deleted a schedule: the
-            # earliest tick to come may have changed.
-            self._sched_refresh()
+            # earliest tick to come may have changed. A tick told is armed for at once
+            # (as "t:"); otherwise the table is asked.
+            try:
+                tick = float(what) if what else math.nan
+            except ValueError:
+                tick = math.nan
+            if math.isfinite(tick):
+                self._sched_earlier(tick)
+            else:
+                self._sched_refresh()
 
     async def _try_lead(self, hearing: Conn) -> None:
         """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
@@ -1809,10 +1817,12 @@ class PostgresBackend:
         row = await cur.fetchone()
         return None if row is None else _schedule_info(row)
 
-    async def _told(self) -> None:
-        """Tell the other brokers, at the commit, that a schedule changed: they look up
+    async def _told(self, next_at: float | None) -> None:
+        """Tell the other brokers, at the commit, that a schedule changed: of its next
+        tick, for which they set their timers at once; of none (paused), and they look up
         their earliest tick again."""
-        await self._conn.execute("SELECT pg_notify('conveyor', 's:')")
+        what = "" if next_at is None else repr(next_at)
+        await self._conn.execute("SELECT pg_notify('conveyor', %s)", (f"s:{what}",))
 
     async def _set_schedule(self, spec: ScheduleSpec) -> ScheduleInfo:
         """SCH-1, SCH-5: the timing checked (``check_timing``), then the jobs' options and
@@ -1876,7 +1886,7 @@ class PostgresBackend:
                         "updated_at": now,
                     },
                 )
-                await self._told()
+                await self._told(next_at)
             return info
 
         info = await self._call(work, changes=False)
@@ -1918,7 +1928,7 @@ class PostgresBackend:
                     "WHERE id = %s",
                     (paused, next_at, now, schedule_id),
                 )
-                await self._told()
+                await self._told(next_at)
             return dataclasses.replace(
                 old,
                 spec=dataclasses.replace(old.spec, paused=paused),
