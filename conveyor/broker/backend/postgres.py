@@ -81,8 +81,9 @@ taken ``FOR UPDATE SKIP LOCKED``, their ticks' jobs inserted as an enqueue inser
 commit. A tick is fired by exactly one broker: its row is locked by one firing at a
 time, and the commit that makes its job moves ``next_at`` past it (a firing that meets
 the row afterwards finds it not due); a firing cut off commits nothing and leaves the
-tick to the next one. A set, pause, resume or delete tells the other brokers ("s:"),
-which look up their earliest tick again.
+tick to the next one. A set or a resume tells the other brokers the schedule's next tick
+("s:" and the time), which they arm for at once; a pause or a delete tells them with no
+time, and they look up their earliest tick again.
 """
 
 from __future__ import annotations
