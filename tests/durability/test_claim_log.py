@@ -20,7 +20,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from conveyor.broker.engine import Changes, JobTable, QueueOpts
+from conveyor.broker.engine import Changes, JobTable, QueueOpts, ScheduleSpec
 from conveyor.broker.store import SqliteStore, StoreError, _claim_log
 from conveyor.broker.store import sqlite as sqlite_store
 from conveyor.broker.store._claim_log import ClaimLog, LoggedClaims
@@ -87,6 +87,45 @@ async def test_a_commit_of_claims_only_calls_back_before_it_is_written(
         assert _log_path(store.path).stat().st_size > len(_header(store))
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_a_commit_of_claims_and_a_schedule_change_is_not_claims_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync: str
+) -> None:
+    # The log holds claims only: a schedule's change beside them (a pause, say) would be
+    # lost with a broker killed after the pushes left, before the write.
+    store = SqliteStore(tmp_path / "c.db", sync=sync)
+    table = _load(store)
+    queue = table.queue("q")
+    order: list[str] = []
+    write = store.write
+
+    def spy(changes: Changes, packed: tuple[str, bytes] | None = None) -> None:
+        order.append("write")
+        write(changes, packed)
+
+    monkeypatch.setattr(store, "write", spy)
+    try:
+        table.set_schedule(ScheduleSpec(id="s", queue="q", every_s=60.0))
+        queue.enqueue({"i": 0})
+        await _committed(store, table.take_changes(), [])
+        order.clear()
+        queue.claim_batch("w1", 1)
+        table.pause_schedule("s", True)
+        changes = table.take_changes()
+        assert changes.claims and changes.schedules and not (changes.upserts or changes.updates)
+        await _committed(store, changes, order)
+        assert order == (["write", "written"] if sync == "full" else ["write"])
+        assert _log_path(store.path).stat().st_size == len(_header(store))
+    finally:
+        store.close()
+    again = SqliteStore(tmp_path / "c.db", sync="normal")
+    try:
+        info = _load(again).get_schedule("s")
+        assert info is not None and info.spec.paused and info.next_at is None
+    finally:
+        again.close()
 
 
 _KILLED_BETWEEN_LOG_AND_COMMIT = textwrap.dedent(

@@ -573,3 +573,59 @@ def test_next_event_and_a_fire_touch_only_the_schedules_due(
     assert looked == ["s00000", "s00001", "s00002"]
     assert mem.next_event_at() == 2003.0
     assert len(jobs(mem)) == 3
+
+
+def test_in_the_repeated_hour_the_next_tick_is_always_later(
+    mem: JobTable, clock: ManualClock
+) -> None:
+    # cronsim reads 01:00:01 EST (the second 01:00) as 01:00:01 EDT, an hour early: its
+    # first match, 01:30 EDT, is already past, and must not come back as the next tick
+    # (a fire would then find the schedule due again at once, for ever).
+    s = spec(cron="30 1 * * *", tz="America/New_York")
+    after = at("2026-11-01T06:00:01")  # 01:00:01 EST
+    assert next_tick(s, after) == at("2026-11-02T06:30:00")
+    clock.set(at("2026-11-01T05:00:00"))
+    mem.set_schedule(s)
+    clock.set(after)
+    mem.fire_schedules()
+    info = mem.get_schedule("s")
+    assert info is not None and info.next_at == at("2026-11-02T06:30:00")
+    assert _tick_times(mem) == [at("2026-11-01T05:30:00")]
+
+
+def test_forward_and_backward_walks_agree_across_daylight_saving() -> None:
+    # next_tick (forward) and a catch-up of every due tick (backward) name the same ticks.
+    for cron, tz in [
+        ("30 1 * * *", "America/New_York"),
+        ("*/20 1 * * *", "America/New_York"),
+        ("*/7 * * * *", "America/New_York"),
+        ("0 * * * *", "Europe/Paris"),
+        ("15 2 * * *", "Europe/Paris"),
+    ]:
+        for day in ("2026-03-08T04:00", "2026-11-01T03:00", "2026-03-28T20:00", "2026-10-24T20:00"):
+            s = spec(cron=cron, tz=tz, missed="each", max_catch_up=10_000)
+            base = at(day)
+            forward: list[float] = []
+            tick = next_tick(s, base)
+            while tick is not None and tick <= base + 10 * 3600:
+                forward.append(tick)
+                tick = next_tick(s, tick)
+            for end in range(1, 11):
+                due = [t for t in forward if t <= base + end * 3600 - 0.5]
+                if due:
+                    assert fire(s, forward[0], base + end * 3600 - 0.5)[0] == due, (cron, day)
+
+
+def test_a_schedule_deleted_and_made_again_at_once(mem: JobTable, clock: ManualClock) -> None:
+    # The deleted one's entry, left in the heap, equals the new one's but for the row.
+    mem.set_schedule(spec(every_s=30.0))
+    mem.delete_schedule("s")
+    mem.set_schedule(spec(every_s=30.0))
+    drive(mem, clock, 1030.0)
+    assert _tick_times(mem) == [1020.0]
+
+
+def test_a_payload_equal_in_python_but_not_in_json_is_a_change(mem: JobTable) -> None:
+    mem.set_schedule(spec(every_s=60.0, payload=1))
+    info = mem.set_schedule(spec(every_s=60.0, payload=True))
+    assert info.spec.payload is True

@@ -209,26 +209,40 @@ def same_timing(a: ScheduleSpec, b: ScheduleSpec) -> bool:
 
 
 def _cron_after(spec: ScheduleSpec, after: float) -> float | None:
+    """The first cron match strictly after ``after``. cronsim reads its start as a local
+    time's first occurrence (it ignores ``fold``): in the hour a fall-back repeats, a
+    start in the second one is read an hour early, and its first matches may be at or
+    before ``after``. Those are skipped (at most an hour's worth, once a year)."""
     assert spec.cron is not None
     start = datetime.fromtimestamp(after, _zone(spec.tz))
-    try:
-        return next(iter(CronSim(_cron_text(spec.cron), start))).timestamp()
-    except StopIteration:  # no match within cronsim's horizon (50 years)
-        return None
+    # (The walk ends with StopIteration at cronsim's horizon, 50 years on: no match.)
+    for match in CronSim(_cron_text(spec.cron), start):
+        tick = match.timestamp()
+        if tick > after:
+            return tick
+    return None
 
 
 def _cron_at_or_before(spec: ScheduleSpec, at: float) -> float | None:
     """The latest cron match at or before ``at`` (cronsim's reverse walk is strict, and
     works in whole seconds: start it just past ``at``'s second). The start is made from
-    the Unix time, not by adding a second to a local time: that sum drops ``fold``, and
-    in the hour a fall-back repeats it would start the walk an hour early."""
+    the Unix time, not by adding a second to a local time: that sum drops ``fold``. And
+    since cronsim reads a start in the second occurrence of a repeated hour as the first
+    (an hour early, which would skip the matches in between), such a start is moved on
+    by the offset's change, and the matches after ``at`` are skipped."""
     assert spec.cron is not None
-    start = datetime.fromtimestamp(math.floor(at) + 1, _zone(spec.tz))
-    try:
-        found = next(iter(CronSim(_cron_text(spec.cron), start, reverse=True))).timestamp()
-    except StopIteration:
-        return None
-    return found if found <= at else None
+    zone = _zone(spec.tz)
+    first = math.floor(at) + 1
+    start = datetime.fromtimestamp(first, zone)
+    if start.fold:
+        early, late = start.replace(fold=0).utcoffset(), start.utcoffset()
+        if early is not None and late is not None and early > late:
+            start = datetime.fromtimestamp(first + (early - late).total_seconds(), zone)
+    for match in CronSim(_cron_text(spec.cron), start, reverse=True):
+        tick = match.timestamp()
+        if tick <= at:
+            return tick
+    return None
 
 
 def next_tick(spec: ScheduleSpec, after: float) -> float | None:

@@ -145,16 +145,20 @@ class Schedules:
     """The schedules of one ``JobTable`` (the table's methods of the same names call
     these; time is the ``now`` they pass, read once per call)."""
 
-    __slots__ = ("_by_id", "_changed", "_deleted", "_due", "_ids", "_table")
+    __slots__ = ("_by_id", "_changed", "_deleted", "_due", "_entries", "_ids", "_table")
 
     def __init__(self, table: JobTable) -> None:
         self._table = table
         self._by_id: dict[str, _Sched] = {}
         self._ids = SortedList()  # every id, for pages in id order
-        self._due = Heap("_entry")  # (next_at, id, _Sched) of un-paused ones with a tick
+        self._due = Heap("_entry")  # (next_at, id, n, _Sched): un-paused, a tick left
         # Changed and deleted since the last take(), while the table keeps a journal.
         self._changed: dict[str, _Sched] = {}
         self._deleted: set[str] = set()
+        # Entries pushed so far: a tie-break after (next_at, id), since a deleted
+        # schedule's stale entry may equal a new one of the same id up to the row itself,
+        # which does not compare.
+        self._entries = 0
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -177,8 +181,10 @@ class Schedules:
             raise InvalidArgument("payload", "RawJSON does not hold one JSON value") from None
         spec = replace(spec, payload=value)
         old = self._by_id.get(spec.id)
-        if old is not None and old.spec == spec:
-            return old.info()  # the same definition again: nothing changes, not even times
+        # The same definition again changes nothing, not even its times. (The payloads'
+        # bytes too: 1 == True == 1.0 in Python, not in JSON.)
+        if old is not None and old.spec == spec and old.payload == payload:
+            return old.info()
         self._table.queue(spec.queue)  # made now, as an enqueue would (journaled with it)
         if old is None:
             sched = _Sched(spec, payload, now)
@@ -356,7 +362,8 @@ class Schedules:
             self._due.forget(sched)
         sched.next_at = next_at
         if next_at is not None:
-            self._due.push((next_at, sched.spec.id, sched))
+            self._entries += 1
+            self._due.push((next_at, sched.spec.id, self._entries, sched))
 
     def _note(self, sched: _Sched) -> None:
         if self._table._journal is not None:
@@ -394,5 +401,6 @@ class Schedules:
             self._by_id[spec.id] = sched
             self._ids.add(spec.id)
             if next_at is not None and not spec.paused:
-                self._due.append((next_at, spec.id, sched))
+                self._entries += 1
+                self._due.append((next_at, spec.id, self._entries, sched))
         self._due.rebuild()

@@ -27,6 +27,11 @@ Nothing moves on its own. Every public operation reads the injected clock once a
 first calls ``_advance(now)``, which moves matured scheduled rows and lapsed leases
 into ``_ready``, each exactly once (CST-2). Counters change with every transition, so
 ``stats()`` never walks rows (CST-4). Removal from a heap is lazy (see ``_heap``).
+
+Schedules (SCH-1 on) are kept by ``_schedules.Schedules``, which the table's schedule
+methods call: un-paused ones in a heap by next tick, whose top ``next_event_at()`` reads
+beside the queues' events; ``fire_schedules()`` enqueues the due ticks' jobs here, through
+``Queue``, in the same journal as the schedules' progress.
 """
 
 from __future__ import annotations

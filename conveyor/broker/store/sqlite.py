@@ -53,6 +53,10 @@ files as they are as the new baseline. Every commit updates the marker once writ
 under a temporary name and renamed into place once whole, so a file of 0 bytes is never
 one of ours.
 
+Schedules (version 5) are rows of ``schedules``, whole, written in the transaction of the
+commit that changed them: the jobs a tick made and the schedule's next tick are on the
+disk together or not at all. A commit holding one never goes to the claim log.
+
 Schema versions live in ``PRAGMA user_version``; ``_MIGRATIONS[i]`` takes a database
 from version ``i`` to ``i + 1``. A file that is not SQLite, is another program's
 database, or was made by a newer Conveyor is refused with a ``StoreError``.
