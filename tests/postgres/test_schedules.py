@@ -134,6 +134,26 @@ async def test_changes_pauses_runs_and_deletes() -> None:
             assert job is not None  # the jobs it made stay
 
 
+async def test_the_same_definition_again_changes_nothing() -> None:
+    async with database() as dsn:
+        clock = SteppedScheduler(start=START)
+        async with brokers(dsn, clock, 1) as (backend,):
+            first = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=1)
+            )
+            await step(clock, [backend], 5)
+            again = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=1)
+            )
+            assert again == first  # not even its times
+            # True == 1 in Python, not in JSON: a change.
+            changed = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=True)
+            )
+            assert changed.updated_at == START + 5 and changed.spec.payload is True
+            assert changed.next_at == first.next_at  # the same timing keeps the progress
+
+
 async def test_a_bad_spec_is_refused_naming_the_field() -> None:
     async with database() as dsn:
         clock = SteppedScheduler(start=START)

@@ -1808,15 +1808,15 @@ class PostgresBackend:
         row = await cur.fetchone()
         return QueueOpts() if row is None else _opts(row)
 
-    async def _locked_schedule(self, schedule_id: str) -> ScheduleInfo | None:
-        """The schedule, its row locked until the transaction ends (a firing of it by
-        another broker finishes first, or waits)."""
+    async def _locked_schedule(self, schedule_id: str) -> tuple[ScheduleInfo, bytes] | None:
+        """The schedule and its payload's bytes, its row locked until the transaction
+        ends (a firing of it by another broker finishes first, or waits)."""
         cur = await self._conn.execute(
             f"SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules WHERE id = %s FOR UPDATE",
             (schedule_id,),
         )
         row = await cur.fetchone()
-        return None if row is None else _schedule_info(row)
+        return None if row is None else (_schedule_info(row), bytes(row[2]))
 
     async def _told(self, next_at: float | None) -> None:
         """Tell the other brokers, at the commit, that a schedule changed: of its next
@@ -1852,9 +1852,12 @@ class PostgresBackend:
                     raise InvalidArgument(
                         "payload", "RawJSON does not hold one JSON value"
                     ) from None
-                old = await self._locked_schedule(spec.id)
-                if old is not None and old.spec == spec:
-                    return old  # the same definition again: nothing changes (SCH-5)
+                kept = await self._locked_schedule(spec.id)
+                old = None if kept is None else kept[0]
+                # The same definition again changes nothing, its times neither (SCH-5).
+                # (The payloads' bytes too: 1 == True == 1.0 in Python, not in JSON.)
+                if kept is not None and kept[0].spec == spec and kept[1] == resolved[0]:
+                    return kept[0]
                 await self._queues([spec.queue])
                 if spec.paused:
                     next_at = None
@@ -1920,9 +1923,10 @@ class PostgresBackend:
         async def work(now: float) -> ScheduleInfo | None:
             conn = self._conn
             async with conn.transaction():
-                old = await self._locked_schedule(schedule_id)
-                if old is None or old.spec.paused == paused:
-                    return old
+                kept = await self._locked_schedule(schedule_id)
+                if kept is None or kept[0].spec.paused == paused:
+                    return None if kept is None else kept[0]
+                old = kept[0]
                 next_at = None if paused else next_tick(old.spec, now)
                 await conn.execute(
                     "UPDATE conveyor_schedules SET paused = %s, next_at = %s, updated_at = %s "
