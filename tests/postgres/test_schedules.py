@@ -1,7 +1,8 @@
 """Schedules on PostgreSQL: each tick makes exactly one job, whichever broker fires it.
 
 On the stepped clock, three backends on one database all wake for every tick and race
-to fire it (also with one of them losing its connection on the way); then three real
+to fire it (also with one of them losing its connection between ticks, and with the one
+that took a tick losing it inside the firing's transaction); then three real
 ``conveyor serve`` processes on the real clock, one schedule of every second for a
 minute. Jobs are counted by their keys (``tick_key``), read from the database.
 """
@@ -133,6 +134,26 @@ async def test_changes_pauses_runs_and_deletes() -> None:
             assert job is not None  # the jobs it made stay
 
 
+async def test_the_same_definition_again_changes_nothing() -> None:
+    async with database() as dsn:
+        clock = SteppedScheduler(start=START)
+        async with brokers(dsn, clock, 1) as (backend,):
+            first = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=1)
+            )
+            await step(clock, [backend], 5)
+            again = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=1)
+            )
+            assert again == first  # not even its times
+            # True == 1 in Python, not in JSON: a change.
+            changed = await backend.set_schedule(
+                ScheduleSpec(id="s", queue="q", every_s=10.0, payload=True)
+            )
+            assert changed.updated_at == START + 5 and changed.spec.payload is True
+            assert changed.next_at == first.next_at  # the same timing keeps the progress
+
+
 async def test_a_bad_spec_is_refused_naming_the_field() -> None:
     async with database() as dsn:
         clock = SteppedScheduler(start=START)
@@ -171,8 +192,17 @@ async def test_a_schedule_set_on_one_broker_fires_on_another() -> None:
         clock = SteppedScheduler(start=START)
         async with brokers(dsn, clock, 2) as (one, other):
             await one.set_schedule(every_second())
-            # The other broker hears of it (a notice) and sets its timer for it.
+            # The other broker hears of it (a notice) and sets its timer for it; of a
+            # pause, a resume and a delete too.
             await until(lambda: other._sched_at == START + 1, "the other broker's timer")
+            await one.pause_schedule("tick", True)
+            await until(lambda: other._sched_at is None, "the timer unset at the pause")
+            await one.pause_schedule("tick", False)
+            await until(lambda: other._sched_at == START + 1, "the timer set at the resume")
+            await one.set_schedule(ScheduleSpec(id="gone", queue="ticks", every_s=0.5))
+            await until(lambda: other._sched_at == START + 0.5, "the timer for the new one")
+            await one.delete_schedule("gone")
+            await until(lambda: other._sched_at == START + 1, "the timer after the delete")
             await one.close()
             await step(clock, [other], 1)
             assert await keys(dsn, "ticks") == [tick_key("tick", START + 1)]
@@ -248,6 +278,54 @@ async def test_a_broker_losing_its_connection_fires_no_tick_twice() -> None:
                     await until(lambda: cut.available, "the broker's connection back")
             made = await keys(dsn, "ticks")
             assert made == [tick_key("tick", START + s) for s in range(1, MINUTE + 1)]
+
+
+async def test_a_firing_cut_off_mid_transaction_is_fired_by_another_broker() -> None:
+    """The broker that took a tick loses its connection inside the firing's transaction
+    (its insert held up by a lock the test holds, then its session ended): nothing of
+    that firing stays, and another broker fires the tick, once, at the tick's time."""
+    async with database() as dsn:
+        clock = SteppedScheduler(start=START)
+        async with brokers(dsn, clock, 3) as racing:
+            await racing[0].set_schedule(every_second())
+            await until(
+                lambda: all(b._sched_at == START + 1 for b in racing), "every broker's timer"
+            )
+            pids = {b._own_pid: b for b in racing}
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+                blocker = await psycopg.AsyncConnection.connect(dsn)
+                try:
+                    # An insert into the jobs waits for this lock: the firing that took
+                    # the tick stops there, holding its schedule row.
+                    await blocker.execute("LOCK TABLE conveyor_jobs IN SHARE MODE")
+                    await asyncio.sleep(0)
+                    clock.advance(1.0)
+                    stuck: list[int] = []
+                    loop = asyncio.get_running_loop()
+                    end = loop.time() + 30
+                    while not stuck:
+                        assert loop.time() < end, "no firing waited for the lock"
+                        cur = await admin.execute(
+                            "SELECT pid FROM pg_stat_activity "
+                            "WHERE pid = ANY(%s) AND wait_event_type = 'Lock'",
+                            (list(pids),),
+                        )
+                        stuck = [int(row[0]) for row in await cur.fetchall()]
+                        await asyncio.sleep(0.01)
+                    (pid,) = stuck
+                    cut = pids[pid]
+                    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                finally:
+                    await blocker.rollback()
+                    await blocker.close()
+            for backend in racing:
+                await backend.settle()
+            assert await keys(dsn, "ticks") == []  # the cut firing left nothing
+            await until(lambda: cut.available, "the broker's connection back")
+            for _ in range(MINUTE - 1):
+                await step(clock, racing, 1)
+            made = await keys(dsn, "ticks")
+            assert sorted(made) == sorted(tick_key("tick", START + s) for s in range(1, MINUTE + 1))
 
 
 # -- the real clock: three broker processes -------------------------------------------------

@@ -89,8 +89,9 @@ taken ``FOR UPDATE SKIP LOCKED``, their ticks' jobs inserted as an enqueue inser
 commit. A tick is fired by exactly one broker: its row is locked by one firing at a
 time, and the commit that makes its job moves ``next_at`` past it (a firing that meets
 the row afterwards finds it not due); a firing cut off commits nothing and leaves the
-tick to the next one. A set, pause, resume or delete tells the other brokers ("s:"),
-which look up their earliest tick again.
+tick to the next one. A set or a resume tells the other brokers the schedule's next tick
+("s:" and the time), which they arm for at once; a pause or a delete tells them with no
+time, and they look up their earliest tick again.
 """
 
 from __future__ import annotations
@@ -1180,8 +1181,16 @@ class PostgresBackend:
             self._opts.pop(what, None)  # its options changed: read them again when used
         elif kind == "s":
             # Another broker made, changed, paused, resumed or deleted a schedule: the
-            # earliest tick to come may have changed.
-            self._sched_refresh()
+            # earliest tick to come may have changed. A tick told is armed for at once
+            # (as "t:"); otherwise the table is asked.
+            try:
+                tick = float(what) if what else math.nan
+            except ValueError:
+                tick = math.nan
+            if math.isfinite(tick):
+                self._sched_earlier(tick)
+            else:
+                self._sched_refresh()
 
     async def _try_lead(self, hearing: Conn) -> None:
         """Take the leader lock if it is free; if not, try again in ``lead_retry_s``."""
@@ -1452,13 +1461,13 @@ class PostgresBackend:
             self._fire_asap = True
 
     async def _fire_when_due(self) -> None:
-        """Fire the schedules due at the time the timer fired, then at each later tick
-        the clock has already passed, in time order (what a timer set for each would have
-        done: a stepped clock that jumped fires each tick on time, as the local backend
-        does); then set the timer for the earliest tick to come. A firing cut off by a
-        lost connection is done again at the time it is once the connection is back
-        (its ticks then missed or not by their policy); what it committed stands, and
-        what it did not left the schedules as they were, so no tick fires twice."""
+        """Fire the schedules due at the time the timer asked for (``_set_sched_timer``
+        says which), then at each later tick the clock has already passed, in time order
+        (what a timer set for each would have done); then set the timer for the earliest
+        tick to come. A firing cut off by a lost connection is done again at the time it
+        is once the connection is back (its ticks then missed or not by their policy);
+        what it committed stands, and what it did not left the schedules as they were,
+        so no tick fires twice."""
         at = self._fire_at
         if at is None and self._fire_asap:
             at = self.now()
@@ -1867,20 +1876,22 @@ class PostgresBackend:
         row = await cur.fetchone()
         return QueueOpts() if row is None else _opts(row)
 
-    async def _locked_schedule(self, schedule_id: str) -> ScheduleInfo | None:
-        """The schedule, its row locked until the transaction ends (a firing of it by
-        another broker finishes first, or waits)."""
+    async def _locked_schedule(self, schedule_id: str) -> tuple[ScheduleInfo, bytes] | None:
+        """The schedule and its payload's bytes, its row locked until the transaction
+        ends (a firing of it by another broker finishes first, or waits)."""
         cur = await self._conn.execute(
             f"SELECT {_SCHEDULE_COLUMNS} FROM conveyor_schedules WHERE id = %s FOR UPDATE",
             (schedule_id,),
         )
         row = await cur.fetchone()
-        return None if row is None else _schedule_info(row)
+        return None if row is None else (_schedule_info(row), bytes(row[2]))
 
-    async def _told(self) -> None:
-        """Tell the other brokers, at the commit, that a schedule changed: they look up
+    async def _told(self, next_at: float | None) -> None:
+        """Tell the other brokers, at the commit, that a schedule changed: of its next
+        tick, for which they set their timers at once; of none (paused), and they look up
         their earliest tick again."""
-        await self._conn.execute("SELECT pg_notify('conveyor', 's:')")
+        what = "" if next_at is None else repr(next_at)
+        await self._conn.execute("SELECT pg_notify('conveyor', %s)", (f"s:{what}",))
 
     async def _set_schedule(self, spec: ScheduleSpec) -> ScheduleInfo:
         """SCH-1, SCH-5: the timing checked (``check_timing``), then the jobs' options and
@@ -1909,9 +1920,12 @@ class PostgresBackend:
                     raise InvalidArgument(
                         "payload", "RawJSON does not hold one JSON value"
                     ) from None
-                old = await self._locked_schedule(spec.id)
-                if old is not None and old.spec == spec:
-                    return old  # the same definition again: nothing changes (SCH-5)
+                kept = await self._locked_schedule(spec.id)
+                old = None if kept is None else kept[0]
+                # The same definition again changes nothing, its times neither (SCH-5).
+                # (The payloads' bytes too: 1 == True == 1.0 in Python, not in JSON.)
+                if kept is not None and kept[0].spec == spec and kept[1] == resolved[0]:
+                    return kept[0]
                 await self._queues([spec.queue])
                 if spec.paused:
                     next_at = None
@@ -1944,7 +1958,7 @@ class PostgresBackend:
                         "updated_at": now,
                     },
                 )
-                await self._told()
+                await self._told(next_at)
             return info
 
         info = await self._call(work, changes=False)
@@ -1977,16 +1991,17 @@ class PostgresBackend:
         async def work(now: float) -> ScheduleInfo | None:
             conn = self._conn
             async with conn.transaction():
-                old = await self._locked_schedule(schedule_id)
-                if old is None or old.spec.paused == paused:
-                    return old
+                kept = await self._locked_schedule(schedule_id)
+                if kept is None or kept[0].spec.paused == paused:
+                    return None if kept is None else kept[0]
+                old = kept[0]
                 next_at = None if paused else next_tick(old.spec, now)
                 await conn.execute(
                     "UPDATE conveyor_schedules SET paused = %s, next_at = %s, updated_at = %s "
                     "WHERE id = %s",
                     (paused, next_at, now, schedule_id),
                 )
-                await self._told()
+                await self._told(next_at)
             return dataclasses.replace(
                 old,
                 spec=dataclasses.replace(old.spec, paused=paused),
