@@ -35,7 +35,6 @@ from typing import Any
 from ..sdk._loop import LOOP_HELP, LOOPS, loop_problem
 from ..sdk._wire import DEFAULT_MAX_FRAME_BYTES, OPS, Op, Role, WireError, validate_fields
 from .engine import LIMIT_FIELDS, InvalidArgument, JobTable, Limits, QueueOpts, ScheduleSpec
-from .engine._schedule import check_timing
 
 __all__ = [
     "Config",
@@ -442,9 +441,9 @@ def load_schedules(path: Path) -> dict[str, ScheduleSpec]:
     (the members are ``set_schedule``'s: ``queue``, ``cron`` or ``every_s``, ``tz``,
     ``payload``...; ``start_at`` and ``end_at`` may be TOML date-times with an offset).
 
-    Each is checked as the broker would check it, the timing by the engine's own rules
-    and the job options by a probe enqueue, so a bad one stops the start, not the first
-    tick: ``ConfigError`` naming the file, the schedule and the field."""
+    Each is checked as the broker would check it, by the engine's own ``set_schedule`` on
+    a table of its own, so a bad one stops the start, not the first tick: ``ConfigError``
+    naming the file, the schedule and the field."""
     data = _read_toml(path)
     tables = data.get("schedules", {})
     if not isinstance(tables, dict):
@@ -470,17 +469,7 @@ def load_schedules(path: Path) -> dict[str, ScheduleSpec]:
             raise ConfigError(f"{where} {exc.message.removeprefix('schedule.')}") from None
         try:
             spec = ScheduleSpec(**checked)
-            check_timing(spec)
-            probe.queue(spec.queue).enqueue(  # the engine's guards of a job's options
-                spec.payload,
-                priority=spec.priority,
-                max_attempts=spec.max_attempts,
-                visibility_timeout_s=spec.visibility_timeout_s,
-                expires_s=spec.expires_s,
-                backoff_base_s=spec.backoff_base_s,
-                timeout_s=spec.timeout_s,
-                partition=spec.partition,
-            )
+            probe.set_schedule(spec)  # the engine's own checks, on a table of its own
         except InvalidArgument as exc:
             raise ConfigError(f"{where} {exc}") from None
         found[schedule_id] = spec

@@ -34,7 +34,7 @@ from ._schedule import tick_key as _tick_key
 from ._types import RawJSON
 
 if TYPE_CHECKING:
-    from ._table import JobTable
+    from ._table import JobTable, Queue
 
 __all__ = ["MAX_LIST_LIMIT", "SCHEDULE_FIELDS", "Schedules"]
 
@@ -213,20 +213,7 @@ class Schedules:
         queue = table._queues.get(spec.queue)
         if queue is None:
             queue = table._detached_queue(spec.queue)
-        resolved = queue.resolve(
-            spec.payload,
-            spec.priority,
-            None,
-            None,
-            spec.expires_s,
-            spec.visibility_timeout_s,
-            spec.max_attempts,
-            spec.backoff_base_s,
-            None,
-            spec.timeout_s,
-            spec.partition,
-        )
-        payload: bytes = resolved[0]
+        payload: bytes = _resolve(queue, spec, spec.payload, None)[0]
         return payload
 
     def delete(self, schedule_id: str) -> bool:
@@ -326,19 +313,7 @@ class Schedules:
         table = self._table
         queue = table.queue(spec.queue)
         try:
-            resolved = queue.resolve(
-                RawJSON(sched.payload),
-                spec.priority,
-                None,
-                None,
-                spec.expires_s,
-                spec.visibility_timeout_s,
-                spec.max_attempts,
-                spec.backoff_base_s,
-                key,
-                spec.timeout_s,
-                spec.partition,
-            )
+            resolved = _resolve(queue, spec, RawJSON(sched.payload), key)
         except InvalidArgument:
             if strict:
                 raise
@@ -404,3 +379,22 @@ class Schedules:
                 self._entries += 1
                 self._due.append((next_at, spec.id, self._entries, sched))
         self._due.rebuild()
+
+
+def _resolve(queue: Queue, spec: ScheduleSpec, payload: Any, key: str | None) -> tuple[Any, ...]:
+    """A job of ``spec`` on ``queue`` as an enqueue resolves it (the queue's options fill
+    what the spec leaves out; ``InvalidArgument`` for what the queue refuses): never a
+    delay, ready at once (SCH-4)."""
+    return queue.resolve(
+        payload,
+        spec.priority,
+        None,
+        None,
+        spec.expires_s,
+        spec.visibility_timeout_s,
+        spec.max_attempts,
+        spec.backoff_base_s,
+        key,
+        spec.timeout_s,
+        spec.partition,
+    )
