@@ -137,6 +137,16 @@ async def traffic(broker: Broker) -> AsyncIterator[Client]:
         await client.enqueue_many(
             "webhooks", [{"hook": f"https://hooks.example.com/{n}"} for n in range(5)], delay_s=900
         )
+        # Schedules: a nightly report in Paris, a cleanup every five minutes, a heartbeat
+        # of every 10 s that fires during the run, and one paused.
+        await client.set_schedule(
+            "nightly-report", "reports", {"report": "daily"}, cron="30 2 * * *", tz="Europe/Paris"
+        )
+        await client.set_schedule("cleanup", "maintenance", {"older_than_days": 30}, every_s=300)
+        await client.set_schedule("heartbeat", "emails", {"to": "ops@example.com"}, every_s=10)
+        await client.set_schedule(
+            "quarterly-billing", "billing", {"run": "quarter"}, cron="0 6 1 */3 *", paused=True
+        )
         running = [asyncio.create_task(w.run()) for w in workers(broker.url)]
         publisher = asyncio.create_task(publish(client, stop))
         try:
