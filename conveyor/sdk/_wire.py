@@ -59,6 +59,7 @@ __all__ = [
     "JOB_INFO_FIELDS",
     "JOB_STATES",
     "MAX_LIST_LIMIT",
+    "MAX_WAIT_S",
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
     "MAX_SCHEDULE_LIMIT",
@@ -132,6 +133,8 @@ DEFAULT_PREFETCH: Final = 16
 #: ``list_jobs``' ``limit`` when the request leaves it out, and the most it may be.
 DEFAULT_LIST_LIMIT: Final = 50
 MAX_LIST_LIMIT: Final = 500
+#: The longest ``timeout_s`` a ``wait`` may ask for, in seconds.
+MAX_WAIT_S: Final = 3600.0
 
 # Close codes (RFC 6455 section 7.4.1 and the IANA registry), docs/protocol.md "Close codes".
 #: The peer asked to close, or the broker is done with a connection in good order.
@@ -244,6 +247,7 @@ class Op(StrEnum):
     RESUME_SCHEDULE = "resume_schedule"
     RUN_SCHEDULE = "run_schedule"
     LIST_SCHEDULES = "list_schedules"
+    WAIT = "wait"
 
 
 class Push(StrEnum):
@@ -509,8 +513,10 @@ class Field:
     # on its own (check_entry), so that one bad entry fails alone (enqueue_each).
     each: bool = False
     item_names: frozenset[str] = field(init=False, repr=False, compare=False)
-    # OBJECTS whose entries are exactly two required strings (``{id, lease}``): their
-    # names, for a shorter check of the batches every worker sends (acks, heartbeats).
+    # OBJECTS whose entries are two required strings (``{id, lease}``) and optional fields:
+    # the two names, for a shorter check of the batches every worker sends (acks,
+    # heartbeats). An entry of exactly those two is kept as it is (its optional fields
+    # absent, not filled with their defaults: read them with ``get``).
     string_pair: tuple[str, str] | None = field(init=False, repr=False, compare=False)
     # OBJECTS: what the fast check of an entry needs, computed once (see _Shape).
     item_shape: _Shape = field(init=False, repr=False, compare=False)
@@ -519,8 +525,10 @@ class Field:
         object.__setattr__(self, "item_names", frozenset(f.name for f in self.items))
         object.__setattr__(self, "item_shape", _Shape(self.items))
         pair = None
-        if len(self.items) == 2 and all(
-            f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items
+        if (
+            len(self.items) >= 2
+            and all(f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items[:2])
+            and not any(f.required for f in self.items[2:])
         ):
             pair = (self.items[0].name, self.items[1].name)
         object.__setattr__(self, "string_pair", pair)
@@ -633,6 +641,9 @@ MAX_SCHEDULE_LIMIT: Final = 1000
 #: ``back_off``'s ``scope``: the job's partition key (or the one named), or its queue.
 BACK_OFF_SCOPES: Final = ("partition", "queue")
 _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
+# An ack's result: any JSON value; absent (or null) is no result.
+_RESULT = Field("result", Kind.ANY)
+_ACKS = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE, _RESULT))
 
 _SPECS = (
     OpSpec(
@@ -679,6 +690,7 @@ _SPECS = (
         ),
     ),
     OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
+    OpSpec(Op.WAIT, frozenset({_P, _A, _R}), (_ID, Field("timeout_s", Kind.NUMBER, required=True))),
     OpSpec(Op.CANCEL, _PUBLISHING, (_ID,)),
     OpSpec(
         Op.CANCEL_BATCH,
@@ -708,11 +720,11 @@ _SPECS = (
         ),
     ),
     OpSpec(Op.UNSUBSCRIBE, _WORKING, ()),
-    OpSpec(Op.ACK, _WORKING, (_ID, _LEASE)),
+    OpSpec(Op.ACK, _WORKING, (_ID, _LEASE, _RESULT)),
     OpSpec(Op.RETRY, _WORKING, (_ID, _LEASE, _ERROR, Field("delay_s", Kind.NUMBER))),
     OpSpec(Op.FAIL, _WORKING, (_ID, _LEASE, _ERROR)),
     OpSpec(Op.HEARTBEAT, _WORKING, (_ID, _LEASE)),
-    OpSpec(Op.ACK_BATCH, _WORKING, (_HANDLES,)),
+    OpSpec(Op.ACK_BATCH, _WORKING, (_ACKS,)),
     OpSpec(Op.HEARTBEAT_BATCH, _WORKING, (_HANDLES,)),
     OpSpec(Op.PAUSE, _ADMIN, (_QUEUE,)),
     OpSpec(Op.RESUME, _ADMIN, (_QUEUE,)),
@@ -926,15 +938,15 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
                 value = list(value)  # each entry is checked on its own, by the op
             elif f.string_pair is not None:
                 a, b = f.string_pair
-                for item in value:
-                    if (
-                        type(item) is not dict
-                        or len(item) != 2
-                        or type(item.get(a)) is not str
-                        or type(item.get(b)) is not str
-                    ):
+                value = list(value)
+                for i, item in enumerate(value):
+                    if type(item) is not dict:
                         raise _Explain
-                value = list(value)  # the entries are exactly {a, b}, checked: kept as they are
+                    if len(item) == 2 and type(item.get(a)) is str and type(item.get(b)) is str:
+                        continue  # exactly {a, b}, checked: kept as it is (no defaults)
+                    if len(f.items) == 2 or not f.item_names.issuperset(item):
+                        raise _Explain
+                    value[i] = _fast_object(f.item_shape, item, max_batch)  # an optional field
             else:
                 names, items = f.item_names, f.item_shape
                 checked = []
@@ -1138,6 +1150,10 @@ class JobSnapshot(Protocol):
     def timeout_s(self) -> float | None: ...
     @property
     def partition(self) -> str | None: ...
+    @property
+    def result_json(self) -> bytes | None: ...
+    @property
+    def completed_at(self) -> float | None: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1191,6 +1207,8 @@ JOB_INFO_FIELDS: Final = (
     "key",
     "timeout_s",
     "partition",
+    "result",
+    "completed_at",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1212,7 +1230,7 @@ PUSHED_JOB_FIELDS: Final = (
 #: The states a job object's ``state`` names (docs/protocol.md, "get_job"), in the order a
 #: job usually passes them. A stored job is ``pending``, ``processing`` or ``dead``; a
 #: pending one is ``ready`` once its ``ready_at`` has come, ``scheduled`` before.
-JOB_STATES: Final = ("ready", "scheduled", "processing", "dead")
+JOB_STATES: Final = ("ready", "scheduled", "processing", "completed", "dead")
 
 
 def job_state(job: JobSnapshot, now: float) -> str:
@@ -1248,6 +1266,8 @@ def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
         "key": job.key,
         "timeout_s": job.timeout_s,
         "partition": job.partition,
+        "result": None if (result := job.result_json) is None else raw_json(result),
+        "completed_at": job.completed_at,
     }
 
 
