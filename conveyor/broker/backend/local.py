@@ -46,6 +46,7 @@ from ._base import (
     Claim,
     Claimed,
     Enqueue,
+    Finished,
     JobList,
     Listener,
     Pending,
@@ -247,11 +248,24 @@ class LocalBackend:
                     return handle
         return None
 
-    def ack(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
+    def ack(
+        self,
+        leases: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> Ready[list[bool]]:
         self._check()
-        landed = self.table.ack_many(leases)
+        landed = self.table.ack_many(leases, results)
         self._changed()
         return Ready(landed)
+
+    def follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> Ready[list[Finished | None]]:
+        self._check()
+        return Ready([None for _ in ids])
+
+    def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
+        pass
 
     def report(self, reports: Sequence[Report]) -> Ready[list[bool | InvalidArgument]]:
         self._check()

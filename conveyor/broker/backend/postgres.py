@@ -144,6 +144,7 @@ from ._base import (
     Claim,
     Claimed,
     Enqueue,
+    Finished,
     JobList,
     Listener,
     Report,
@@ -1638,8 +1639,23 @@ class PostgresBackend:
     ) -> asyncio.Task[list[list[Claimed]]]:
         return self._spawn(self._claim(claims, round_robin))
 
-    def ack(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
+    def ack(
+        self,
+        leases: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> asyncio.Task[list[bool]]:
         return self._spawn(self._ack(leases))
+
+    def follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> asyncio.Task[list[Finished | None]]:
+        async def nothing_known() -> list[Finished | None]:
+            return [None for _ in ids]
+
+        return self._spawn(nothing_known())
+
+    def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
+        pass
 
     def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
         return self._spawn(self._report(reports))

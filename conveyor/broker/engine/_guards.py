@@ -194,6 +194,7 @@ def check_opts(opts: object) -> QueueOpts:
         dead_letter_retention_s=optional(
             nonneg, "dead_letter_retention_s", opts.dead_letter_retention_s
         ),
+        completed_retention_s=optional(nonneg, "completed_retention_s", opts.completed_retention_s),
     )
 
 

@@ -1525,9 +1525,14 @@ class JobTable:
         row = self._claimed(job_id, lease)
         return row is not None and row.queue._ack(row, lease, self._now())
 
-    def ack_many(self, pairs: Iterable[tuple[str, str]]) -> list[bool]:
+    def ack_many(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> list[bool]:
         """``ack`` for each ``(job_id, lease)``, in order, all at one instant: the clock is
-        read once for the batch. Returns whether each landed."""
+        read once for the batch. Returns whether each landed. ``results[i]``: the
+        encoded JSON result of ``pairs[i]`` (RES-1)."""
         now = self._now()
         lookup = self._lookup
         leased = self._leased
