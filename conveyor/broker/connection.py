@@ -45,8 +45,8 @@ from .engine import InvalidArgument
 from .feed import Feed
 from .ops import HANDLERS, Result, WaitFor
 from .ops import Broker as OpsBroker
-from .store import StoreError
 from .scheduler import Scheduler
+from .store import StoreError
 from .transport import Socket
 from .waits import Waits
 

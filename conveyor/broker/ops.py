@@ -432,7 +432,7 @@ def _result(conn: Peer, value: Any, field: str) -> bytes | None:
     ``too_large`` naming ``field`` over the broker's ``max_payload_bytes``."""
     if value is None:
         return None
-    return _payload(conn, value, field)
+    return encode_payload(value, max_bytes=conn.broker.config.max_payload_bytes, field=field)
 
 
 def ack(conn: Peer, f: dict[str, Any]) -> Reply:
@@ -444,8 +444,10 @@ def ack(conn: Peer, f: dict[str, Any]) -> Reply:
         return {"landed": landed[0]}
 
     backend = conn.broker.backend
-    acked = backend.ack([(job_id, lease)]) if result is None else backend.ack(
-        [(job_id, lease)], [result]
+    acked = (
+        backend.ack([(job_id, lease)])
+        if result is None
+        else backend.ack([(job_id, lease)], [result])
     )
     return then(acked, reply)
 

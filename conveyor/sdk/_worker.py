@@ -68,8 +68,8 @@ from ._errors import ConveyorError, InvalidArgument, Unavailable
 from ._session import Session
 from ._tasks import TaskMaker
 from ._types import Fail, Job, RateLimited, Retry
-from ._wire import WireError, encode_payload, raw_json
 from ._urls import DEFAULT_URL, Urls, parse_urls
+from ._wire import WireError, encode_payload, raw_json
 
 __all__ = ["Handler", "Worker"]
 
@@ -556,9 +556,7 @@ class Worker:
                 refused = self._keep_result(job, value)
                 if refused is not None:
                     outcome = ("fail", {"error": refused})
-                    jobs_log.warning(
-                        "job %s %s failed (dead-lettered): %s", job.id, queue, refused
-                    )
+                    jobs_log.warning("job %s %s failed (dead-lettered): %s", job.id, queue, refused)
             if timed and outcome[0] == "ack":
                 jobs_log.info("job %s %s ok in %s", job.id, queue, _took(loop.time() - started))
         except Retry as retry:
