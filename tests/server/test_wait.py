@@ -42,10 +42,10 @@ def _waits(broker: Broker) -> int:
     return sum(len(conn.waits) for conn in broker.connections)
 
 
-async def _until(predicate: Any) -> None:
-    async with asyncio.timeout(WAIT):
-        while not predicate():
-            await asyncio.sleep(0)
+async def _handled(c: RawClient) -> None:
+    """Every frame ``c`` sent so far is handled (a connection handles frames in order, and
+    a wait is in place once its frame is handled)."""
+    await c.call("ping")
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,8 @@ async def test_ack_result_reaches_a_waiter(client: ClientFactory, broker: Broker
     publisher, worker = await client(), await client()
     job_id = await _enqueue(publisher)
     await publisher.send({"op": "wait", "rid": "w1", "id": job_id, "timeout_s": 60})
-    await _until(lambda: _waits(broker) == 1)
+    await _handled(publisher)
+    assert _waits(broker) == 1
     job = await _claim(worker)
     result = {"sum": [1, 2, 3], "text": "<b>ok</b>"}
     acked = await worker.call("ack", id=job_id, lease=job["lease"], result=result)
@@ -96,7 +97,8 @@ async def test_ack_batch_results_and_none(client: ClientFactory, broker: Broker)
     ids = [await _enqueue(publisher, {"n": n}) for n in range(3)]
     for i, job_id in enumerate(ids):
         await publisher.send({"op": "wait", "rid": i, "id": job_id, "timeout_s": 60})
-    await _until(lambda: _waits(broker) == 3)
+    await _handled(publisher)
+    assert _waits(broker) == 3
     await worker.call("subscribe", worker_id="w", queues=["q"], prefetch=3)
     jobs = {job["id"]: job for job in await worker.jobs(3)}
     items = [
@@ -135,7 +137,8 @@ async def test_wait_times_out_with_the_state_and_drops_the_waiter(
     c = await client()
     job_id = await _enqueue(c)
     await c.send({"op": "wait", "rid": 1, "id": job_id, "timeout_s": 30})
-    await _until(lambda: _waits(broker) == 1)
+    await _handled(c)
+    assert _waits(broker) == 1
     scheduler.advance(29)
     assert _waits(broker) == 1
     scheduler.advance(1)
@@ -145,7 +148,8 @@ async def test_wait_times_out_with_the_state_and_drops_the_waiter(
     worker = await client()
     await _claim(worker)
     await c.send({"op": "wait", "rid": 2, "id": job_id, "timeout_s": 5})
-    await _until(lambda: _waits(broker) == 1)
+    await _handled(c)
+    assert _waits(broker) == 1
     scheduler.advance(5)
     assert (await c.reply(2))["state"] == "processing"
 
@@ -197,19 +201,33 @@ async def test_the_cap_on_waits_per_connection(
     assert "max_waits 2" in refused["error"]["message"]
     other = await client()  # the cap is per connection
     await other.send({"op": "wait", "rid": 1, "id": job_id, "timeout_s": 60})
-    await _until(lambda: _waits(broker) == 3)
+    await _handled(other)
+    assert _waits(broker) == 3
 
 
 async def test_waits_are_dropped_with_their_connection(
-    client: ClientFactory, broker: Broker, scheduler: SteppedScheduler
+    client: ClientFactory,
+    broker: Broker,
+    scheduler: SteppedScheduler,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    closed: asyncio.Queue[Waits] = asyncio.Queue()
+    close = Waits.close
+
+    def closing(self: Waits) -> None:
+        close(self)
+        closed.put_nowait(self)
+
+    monkeypatch.setattr(Waits, "close", closing)
     c = await client()
     ids = [await _enqueue(c, {"n": n}) for n in range(3)]
     for i, job_id in enumerate(ids):
         await c.send({"op": "wait", "rid": i, "id": job_id, "timeout_s": 60})
-    await _until(lambda: _waits(broker) == 3)
+    await _handled(c)
+    [conn] = [conn for conn in broker.connections if len(conn.waits) == 3]
     await c.ws.close()
-    await _until(lambda: not broker.connections)
+    assert await asyncio.wait_for(closed.get(), WAIT) is conn.waits
+    assert len(conn.waits) == 0
     scheduler.advance(60)  # the dropped waits' timers were cancelled: nothing runs
     other = await client()
     await other.call("cancel", id=ids[0])  # nobody follows it any more: nothing is sent
