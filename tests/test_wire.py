@@ -563,6 +563,7 @@ ROLES_BY_OP = {
     "enqueue_batch": {P, A},
     "enqueue_each": {P, A},
     "get_job": {P, W, R, A},
+    "wait": {P, R, A},
     "cancel": {P, A},
     "cancel_batch": {P, A},
     "stats": {P, R, A},
@@ -635,6 +636,8 @@ class FakeJob:
     lease: str = "secret"
     timeout_s: float | None = 45.0
     partition: str | None = "acme"
+    result_json: bytes | None = None
+    completed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

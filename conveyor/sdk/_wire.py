@@ -194,7 +194,7 @@ class ErrorCode(StrEnum):
 class Role(StrEnum):
     """What a token may do (docs/protocol.md, "Authentication and roles")."""
 
-    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats,
+    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, wait, cancel, stats,
     # list_jobs, list_schedules.
     PUBLISH = "publish"
     # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
@@ -203,7 +203,7 @@ class Role(StrEnum):
     # Everything, including pause, resume, redrive, redrive_all, purge_dead, sweep,
     # set_limits and the schedule changes (set_schedule, pause_schedule, ...).
     ADMIN = "admin"
-    # Look only: get_job, stats, list_jobs, list_schedules (and the dashboard's feed).
+    # Look only: get_job, wait, stats, list_jobs, list_schedules (and the dashboard's feed).
     READ = "read"
 
 
