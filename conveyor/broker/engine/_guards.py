@@ -248,6 +248,18 @@ def _check_json(value: object) -> None:
             raise InvalidArgument("payload", f"must be strict JSON, holds a {type(item).__name__}")
 
 
+def result(data: object, limit: int) -> bytes:
+    """An ack's result: encoded JSON bytes (the broker's decoder checked it), at most
+    ``limit`` bytes, as a payload (RES-2)."""
+    if not isinstance(data, bytes):
+        raise InvalidArgument("result", "must be encoded JSON bytes")
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            "result", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"
+        )
+    return data
+
+
 def encode_payload(payload: object, limit: int) -> bytes:
     """The payload as compact UTF-8 JSON bytes, at most ``limit`` bytes long (ENQ-9)."""
     if isinstance(payload, RawJSON):
