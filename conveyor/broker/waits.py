@@ -115,6 +115,10 @@ class Waits:
             return
         if known is not None:
             self._on_finished(known)
+        elif job_id not in self._by_job:
+            # Its waits ended (timed out, or the connection closed) before the job table
+            # answered: the follow it made then is not wanted.
+            self._backend.unfollow([job_id], self._callback)
 
     def _refuse_all(self, job_id: str, *, internal: bool = False) -> None:
         """End ``job_id``'s waits with an error reply (the job table failed them)."""
