@@ -50,7 +50,7 @@ __all__ = [
 EXIT_FAILED = 1  # refused, unreachable, or nothing happened
 EXIT_USAGE = 2  # bad arguments (argparse's own status for them too)
 
-STATES = ("ready", "scheduled", "processing", "dead")
+STATES = ("ready", "scheduled", "processing", "completed", "dead")
 DEFAULT_LIMIT = 50
 # How much of a payload or an error a table cell shows.
 _CELL = 40
@@ -234,6 +234,9 @@ def show_jobs(jobs: Sequence[JobInfo], state: str, now: float) -> str:
     elif state == "processing":
         extra = [Column("WORKER", limit=_CELL), Column("LEASE ENDS")]
         cells = [[j.worker_id or "-", when(j.deadline, now, short=True)] for j in jobs]
+    elif state == "completed":
+        extra = [Column("COMPLETED"), Column("RESULT", limit=_CELL)]
+        cells = [[when(j.completed_at, now, short=True), _json(j.result)] for j in jobs]
     else:  # dead
         extra = [Column("DIED"), Column("ERROR", limit=_CELL)]
         cells = [[when(j.died_at, now, short=True), j.last_error or "-"] for j in jobs]

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from conveyor import JobCancelled, JobFailed, JobNotFound, SyncClient
-from conveyor.broker.config import Config
+from conveyor.broker.config import Config, ConfigError, load_queues
 from conveyor.broker.engine import QueueOpts
 from conveyor.broker.server import Broker, running_broker
 from conveyor.sdk import Client, Fail, InvalidArgument, Job, NotFound, Worker
-from conveyor.sdk._cli_admin import show_job
+from conveyor.sdk._cli_admin import show_job, show_jobs
 
 from .conftest import BASE_CONFIG, WAIT, Probe, Proxy, running
 
@@ -91,6 +91,10 @@ async def test_with_retention_a_later_result_still_gets_it(
     assert info.result == ["REPORT", "<script>alert(1)</script>"] and info.completed_at
     shown = show_job(info, info.completed_at)
     assert "completed" in shown and '"REPORT"' in shown
+    page = await client.list_jobs(KEPT, "completed")
+    assert [job.id for job in page.jobs] == [job_id] and page.total == 1
+    listed = show_jobs(page.jobs, "completed", info.completed_at)
+    assert "RESULT" in listed and "REPORT" in listed
 
 
 async def test_a_handler_returning_none_has_no_result(
@@ -220,3 +224,31 @@ async def test_sync_client_result(broker: Broker, client: Client, probe: Probe) 
             return sync.result(job_id, timeout_s=5)
 
     assert await asyncio.to_thread(blocking) == {"echo": [1, "two"]}
+
+
+async def test_a_result_that_is_not_json_fails_the_job(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    worker = make_worker(broker, "q")
+
+    @worker.handler("q")
+    async def odd(job: Job) -> Any:
+        return {1, 2}  # a set: not JSON
+
+    job_id = await client.enqueue("q", {})
+    waiting = asyncio.ensure_future(client.result(job_id, timeout_s=30))
+    await _until(probe, lambda: _waits(broker) == 1)
+    async with running(worker, probe):
+        with pytest.raises(JobFailed) as failed:
+            await asyncio.wait_for(waiting, WAIT)
+    assert failed.value.error is not None and failed.value.error.startswith("result: ")
+
+
+def test_the_queues_file_sets_completed_retention(tmp_path: Path) -> None:
+    path = tmp_path / "queues.toml"
+    path.write_text("[queues.reports]\ncompleted_retention_s = 600\n")
+    opts, _ = load_queues(path)
+    assert opts["reports"].completed_retention_s == 600
+    path.write_text("[queues.reports]\ncompleted_retention_s = -1\n")
+    with pytest.raises(ConfigError, match="completed_retention_s"):
+        load_queues(path)
