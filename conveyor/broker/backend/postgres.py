@@ -415,12 +415,13 @@ SELECT count(*) FROM k
 """
 
 # The completed jobs past their retention (RES-3), queue by queue over
-# conveyor_jobs_completed.
+# conveyor_jobs_completed (a queue that stopped keeping finished jobs lets go of those it
+# kept, as the engine's does).
 _SWEEP_COMPLETED = """
 WITH k AS (
     DELETE FROM conveyor_jobs j USING conveyor_queues q
-    WHERE j.queue = q.name AND q.completed_retention_s IS NOT NULL AND j.state = 'completed'
-        AND j.completed_at <= %(now)s - q.completed_retention_s
+    WHERE j.queue = q.name AND j.state = 'completed'
+        AND j.completed_at <= %(now)s - coalesce(q.completed_retention_s, 0)
     RETURNING 1
 )
 SELECT count(*) FROM k
@@ -441,12 +442,11 @@ SELECT least(
             WHERE j.queue = q.name AND j.state = 'dead'
         ) d
         WHERE q.retention_s IS NOT NULL),
-    (SELECT min(c.first + q.completed_retention_s) FROM conveyor_queues q
+    (SELECT min(c.first + coalesce(q.completed_retention_s, 0)) FROM conveyor_queues q
         CROSS JOIN LATERAL (
             SELECT min(j.completed_at) AS first FROM conveyor_jobs j
             WHERE j.queue = q.name AND j.state = 'completed'
-        ) c
-        WHERE q.completed_retention_s IS NOT NULL)
+        ) c)
 )
 """
 
