@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conveyor import JobCancelled, JobFailed
+from conveyor import JobCancelled, JobFailed, JobNotFound
 from conveyor.broker.config import Config
 from conveyor.broker.engine import QueueOpts
 from conveyor.broker.server import Broker, running_broker
@@ -104,3 +104,13 @@ async def test_a_failure_and_a_cancel_through_another_broker_end_the_wait(probe:
             with pytest.raises(JobFailed) as refused:
                 await asyncio.wait_for(failed, WAIT)
         assert refused.value.error == "card declined"
+
+
+async def test_a_wait_times_out_and_an_unknown_job_is_said() -> None:
+    async with brokers(1) as (a,), Client(a.url, request_timeout=WAIT) as publisher:
+        job_id = await publisher.enqueue("idle", {})
+        with pytest.raises(TimeoutError, match="still pending"):
+            await publisher.result(job_id, timeout_s=0.1)
+        assert _waits(a) == 0
+        with pytest.raises(JobNotFound):
+            await publisher.result("no-such-job", timeout_s=WAIT)
