@@ -140,7 +140,7 @@ class JobFailed(ConveyorError):
 
 
 class JobCancelled(ConveyorError):
-    """The job awaited by ``client.result`` was cancelled (or purged) before it ended."""
+    """The job awaited by ``client.result`` was cancelled before it ended."""
 
     code = "job_cancelled"
 
