@@ -26,6 +26,7 @@ from ..sdk._wire import (
     SERVER_NAME,
     SUPPORTED_PROTOCOLS,
     ErrorCode,
+    MoreThanPairs,
     Op,
     Role,
     WireError,
@@ -503,14 +504,13 @@ def heartbeat(conn: Peer, f: dict[str, Any]) -> Reply:
 def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     items = f["items"]
     pairs = [(item["id"], item["lease"]) for item in items]
-    # Most acks carry no result: only a batch with one pays for the list of results.
+    # Most acks carry no result: their items are a plain list of bare pairs (the wire
+    # check's ``MoreThanPairs`` otherwise), and only a batch with a result pays for them.
     results: list[bytes | None] | None = None
-    for i, item in enumerate(items):
-        value = item.get("result")
-        if value is not None:
-            if results is None:
-                results = [None] * len(items)
-            results[i] = _result(conn, value, f"items[{i}].result")
+    if type(items) is MoreThanPairs:
+        results = [
+            _result(conn, item.get("result"), f"items[{i}].result") for i, item in enumerate(items)
+        ]
 
     def reply(landed: list[bool]) -> Result:
         conn.broker.dispatcher.finished_many(conn.subscription, pairs, "ok", landed)

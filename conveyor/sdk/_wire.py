@@ -77,6 +77,7 @@ __all__ = [
     "Field",
     "JobSnapshot",
     "Kind",
+    "MoreThanPairs",
     "Op",
     "OpSpec",
     "Push",
@@ -938,15 +939,17 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
                 value = list(value)  # each entry is checked on its own, by the op
             elif f.string_pair is not None:
                 a, b = f.string_pair
-                value = list(value)
-                for i, item in enumerate(value):
-                    if type(item) is not dict:
-                        raise _Explain
-                    if len(item) == 2 and type(item.get(a)) is str and type(item.get(b)) is str:
-                        continue  # exactly {a, b}, checked: kept as it is (no defaults)
-                    if len(f.items) == 2 or not f.item_names.issuperset(item):
-                        raise _Explain
-                    value[i] = _fast_object(f.item_shape, item, max_batch)  # an optional field
+                for item in value:
+                    if (
+                        type(item) is not dict
+                        or len(item) != 2
+                        or type(item.get(a)) is not str
+                        or type(item.get(b)) is not str
+                    ):
+                        value = _pairs_and_more(f, value, max_batch)
+                        break
+                else:
+                    value = list(value)  # the entries are exactly {a, b}: kept as they are
             else:
                 names, items = f.item_names, f.item_shape
                 checked = []
@@ -959,6 +962,31 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
     if shape.required and not obj.keys() >= shape.required:
         raise _Explain  # a required field is missing
     return out
+
+
+class MoreThanPairs(list[Any]):
+    """The checked entries of a ``string_pair`` field (``ack_batch.items``) of which some
+    hold more than the pair (an ack's ``result``): an op tells them from the usual plain
+    ``list`` of bare pairs by their type, with no walk over the entries."""
+
+
+def _pairs_and_more(f: Field, value: list[Any], max_batch: int | None) -> MoreThanPairs:
+    """The entries of a ``string_pair`` field when some hold more than the pair (an ack's
+    ``result``): those are checked against the entry's fields, the others kept as they
+    are. Raises ``_Explain`` for an entry the fast check cannot pass."""
+    a, b = f.string_pair or ("", "")
+    names, shape, more = f.item_names, f.item_shape, len(f.items) > 2
+    checked = MoreThanPairs()
+    for item in value:
+        if type(item) is not dict:
+            raise _Explain
+        if len(item) == 2 and type(item.get(a)) is str and type(item.get(b)) is str:
+            checked.append(item)
+        elif more and names.issuperset(item):
+            checked.append(_fast_object(shape, item, max_batch))
+        else:
+            raise _Explain
+    return checked
 
 
 def _check_object(
