@@ -92,6 +92,18 @@ the row afterwards finds it not due); a firing cut off commits nothing and leave
 tick to the next one. A set or a resume tells the other brokers the schedule's next tick
 ("s:" and the time), which they arm for at once; a pause or a delete tells them with no
 time, and they look up their earliest tick again.
+
+Results (RES-1 to RES-7). An ack stores each result with its job where the job's queue
+keeps finished jobs (state 'completed' until the leader's sweep lets it go), and deletes
+the job otherwise. Followers: a broker's follows are rows of ``conveyor_follows`` under
+its own random name; the statement that ends a followed job (an ack, a cancel, or any
+update to dead, by the jobs' trigger) writes that end into the row and notifies
+"f:<name>", and the broker then takes its ended rows in a call of its own and tells its
+followers (the poll does the same, while it has followers, for a notice missed). A
+follow holds the jobs' rows while it writes its follows (``FOR SHARE``), so an ack or a
+cancel that comes meanwhile waits for it; one whose statement began before the follow
+committed and that locks the row only after it still misses the new follow: that
+follower is then not told (the window is one statement's).
 """
 
 from __future__ import annotations
@@ -1308,6 +1320,8 @@ class PostgresBackend:
         if self._snapshot is not None and snapshot != self._snapshot:
             self._listeners.work_waiting(None)
             self._refresh_timer()
+            if self._followers:  # (a notice missed while the hearing one was down)
+                self._background(self._take_finished())
         self._snapshot = snapshot
         if not self._closed and self.failed is None:
             self._poll_timer = self._scheduler.call_at(
