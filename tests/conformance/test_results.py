@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.broker.backend import Finished, Report
+from conveyor.broker.backend import Enqueue, Finished, Report
 from conveyor.broker.engine import InvalidArgument, JobState, QueueOpts
 
 from .conftest import Rig
@@ -208,13 +208,17 @@ async def test_a_restart_keeps_completed_jobs_and_their_results_res_3(durable: R
     await rig.backend.settle()
     acked_at = rig.now
     await rig.backend.close()
-    rig.backend = await rig.reopen(rig.clock)
-    await rig.backend.set_queue("q", QueueOpts(completed_retention_s=100.0))
-    job = await rig.job(job_id)
-    assert job is not None and job.state is JobState.COMPLETED
-    assert job.result == {"n": 1} and job.completed_at == acked_at
-    assert await rig.put(key="k") == job_id
-    assert (await rig.backend.stats(["q"]))["q"].completed == 1
-    await rig.advance(100)
-    await rig.backend.sweep()
-    assert await rig.job(job_id) is None
+    kept = await rig.reopen(rig.clock)
+    try:
+        await kept.set_queue("q", QueueOpts(completed_retention_s=100.0))
+        (job,) = await kept.get_jobs([job_id])
+        assert job is not None and job.state is JobState.COMPLETED
+        assert job.result == {"n": 1} and job.completed_at == acked_at
+        (again,) = await kept.enqueue([Enqueue("q", None, key="k")])
+        assert again == job_id
+        assert (await kept.stats(["q"]))["q"].completed == 1
+        await rig.advance(100)
+        await kept.sweep()
+        assert await kept.get_jobs([job_id]) == [None]
+    finally:
+        await kept.close()

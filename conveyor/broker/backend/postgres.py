@@ -92,6 +92,19 @@ the row afterwards finds it not due); a firing cut off commits nothing and leave
 tick to the next one. A set or a resume tells the other brokers the schedule's next tick
 ("s:" and the time), which they arm for at once; a pause or a delete tells them with no
 time, and they look up their earliest tick again.
+
+Results (RES-1 to RES-7). An ack stores each result with its job where the job's queue
+keeps finished jobs (state 'completed' until the leader's sweep lets it go), and deletes
+the job otherwise. Followers: a broker's follows are rows of ``conveyor_follows`` under
+its own random name; the statement that ends a followed job (an ack, a cancel, or any
+update to dead, by the jobs' trigger) writes that end into the row and notifies
+"f:<name>", and the broker then takes its ended rows in a call of its own and tells its
+followers (the poll does the same, while it has followers, for a notice missed). A
+follow holds the jobs' rows while it writes its follows (``FOR SHARE``); a statement
+that began before they were committed does not see them, so once committed a second look
+tells the followers of the jobs that ended meanwhile with no end written, from the table
+(as ``unknown`` for one deleted: what ended it is not known then). An end committed
+after that look by a statement begun before the follow committed is not told.
 """
 
 from __future__ import annotations
@@ -363,6 +376,24 @@ WITH j AS (
 )
 SELECT seq, queue, state, result, last_error FROM j
 """
+
+# The jobs this broker follows whose end its follow rows missed (RES-7): no longer live,
+# and no end written; their follows dropped.
+_MISSED = """
+WITH m AS (
+    DELETE FROM conveyor_follows fw
+    WHERE fw.broker = %(me)s AND fw.seq = ANY(%(seqs)s::bigint[]) AND fw.state IS NULL
+        AND NOT EXISTS (
+            SELECT 1 FROM conveyor_jobs j
+            WHERE j.seq = fw.seq AND j.state IN ('pending', 'processing')
+        )
+    RETURNING fw.seq
+)
+SELECT m.seq, j.queue, j.state, j.result, j.last_error
+FROM m LEFT JOIN conveyor_jobs j ON j.seq = m.seq
+"""
+
+_LIVE = ("pending", "processing")
 
 # What finished of the jobs this broker follows, taken.
 _TAKE_FINISHED = """
@@ -1308,6 +1339,8 @@ class PostgresBackend:
         if self._snapshot is not None and snapshot != self._snapshot:
             self._listeners.work_waiting(None)
             self._refresh_timer()
+            if self._followers:  # (a notice missed while the hearing one was down)
+                self._background(self._take_finished())
         self._snapshot = snapshot
         if not self._closed and self.failed is None:
             self._poll_timer = self._scheduler.call_at(
@@ -2771,7 +2804,36 @@ class PostgresBackend:
                 known.append(Finished(job_id, row[1], "completed", result, None))
             else:
                 known.append(Finished(job_id, row[1], "dead", None, row[4]))
+        live = [seq for seq in seqs if (row := found.get(self._id(seq))) and row[2] in _LIVE]
+        if live:
+            # A second look, once the follows are committed: a job that ended through a
+            # statement that began before they were (and so did not see them) is told
+            # from the table now (RES-7).
+            self._background(self._second_look(live))
         return known
+
+    async def _second_look(self, seqs: list[int]) -> None:
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(
+                _MISSED, {"seqs": seqs, "me": self._follower_id}, prepare=False
+            )
+            return await cur.fetchall()
+
+        for seq, queue, state, result, error in await self._call(work, changes=False):
+            job_id = self._id(seq)
+            if state is None:  # gone, and what ended it not known: told as unknown
+                told = Finished(job_id, "", "unknown", None, None)
+            elif state == "completed":
+                told = Finished(
+                    job_id, queue, state, None if result is None else bytes(result), None
+                )
+            else:
+                told = Finished(job_id, queue, "dead", None, error)
+            for callback in self._followers.pop(job_id, ()):
+                try:
+                    callback(told)
+                except Exception:  # (a follower's bug must not stop the others)
+                    log.exception("a follower of %s failed", job_id)
 
     def _drop_follower(self, job_id: str, on_finished: Callable[[Finished], None]) -> bool:
         """Take ``on_finished`` off ``job_id``'s followers: whether none is left."""
