@@ -336,7 +336,9 @@ class Client:
         return batches
 
     async def get_job(self, job_id: str) -> JobInfo | None:
-        """The job's fields, or ``None`` when it is gone (acked, cancelled, purged)."""
+        """The job's fields, or ``None`` when it is gone (acked on a queue that keeps no
+        finished jobs, cancelled, purged, past its retention). A job kept once acked is
+        ``completed``, with its ``result`` and ``completed_at``."""
         reply = await self._call("get_job", id=job_id)
         job = reply.get("job")
         return None if job is None else JobInfo.from_wire(job)
