@@ -98,7 +98,11 @@ class Waits:
             waiters.append(waiter)  # the job is followed already
             return
         self._by_job[job_id] = [waiter]
-        followed = self._backend.follow([job_id], self._callback)
+        try:
+            followed = self._backend.follow([job_id], self._callback)
+        except BaseException:
+            self._take(job_id)  # refused at once (the table is unavailable): no wait left
+            raise
         followed.add_done_callback(lambda came: self._followed(job_id, came))
 
     def _followed(self, job_id: str, came: Pending[list[Finished | None]]) -> None:

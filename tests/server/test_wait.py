@@ -13,6 +13,7 @@ import pytest
 from conveyor.broker.engine import QueueOpts
 from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.broker.server import Broker
+from conveyor.broker.store import StoreError
 from conveyor.broker.waits import Waits
 
 from .conftest import BOTH_STORES, WAIT, ClientFactory, RawClient, with_config
@@ -250,3 +251,17 @@ async def test_retained_result_is_listed_and_waited_for_later(
     page = await publisher.call("list_jobs", queue="kept", state="completed")
     assert [j["id"] for j in page["jobs"]] == [job_id]
     assert page["jobs"][0]["result"] == {"pages": 12}
+
+
+async def test_a_table_that_cannot_follow_answers_unavailable_and_keeps_no_wait(
+    client: ClientFactory, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(ids: Any, on_finished: Any) -> Any:
+        raise StoreError("the database is unreachable")
+
+    c = await client()
+    job_id = await _enqueue(c)
+    monkeypatch.setattr(broker.backend, "follow", broken)
+    reply = await c.request("wait", id=job_id, timeout_s=30)
+    assert reply["ok"] is False and reply["error"]["code"] == "unavailable"
+    assert _waits(broker) == 0
