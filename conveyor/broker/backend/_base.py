@@ -504,7 +504,7 @@ class Backend(Protocol):
         search: str | None = None,
     ) -> Pending[JobList | None]:
         """A page of ``queue``'s jobs in ``state`` (``ready``, ``scheduled``,
-        ``processing`` or ``dead``), in that state's order, starting after the key
+        ``processing``, ``dead`` or ``completed``), in that state's order, starting after the key
         ``after`` (LST-1 to LST-4: the orders and keys are ``engine.Queue.list_jobs``');
         with ``search``, at most ``engine.SEARCH_SCAN`` jobs are looked at. ``None``: no
         such queue. Raises ``InvalidArgument`` for a bad state, limit or key."""

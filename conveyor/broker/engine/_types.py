@@ -31,7 +31,7 @@ class JobState(StrEnum):
     # In by fail, used-up attempts or expiry; out by redrive, purge, retention or cancel.
     DEAD = "dead"
     # In by an ack of a valid lease on a queue that keeps finished jobs
-    # (``completed_retention_s``); out by its retention ending (sweep), a cancel or a purge.
+    # (``completed_retention_s``); out by its retention ending (sweep) or a cancel.
     COMPLETED = "completed"
 
 
