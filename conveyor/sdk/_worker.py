@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ._errors import ConveyorError, InvalidArgument, Unavailable
-from ._session import Session
+from ._session import Session, split_to_fit
 from ._tasks import TaskMaker
 from ._types import Fail, Job, RateLimited, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
@@ -606,9 +606,15 @@ class Worker:
     def _keep_result(self, job: Job, value: Any) -> str | None:
         """Encode a handler's return value as ``job``'s result, kept until its ack is
         sent; or return the error that fails the job instead (not strict JSON, or over
-        the broker's ``max_payload_bytes``)."""
+        the broker's ``max_payload_bytes``, or too large for its ack to fit in a frame
+        of the broker's ``max_frame_bytes``)."""
         session = self._session
-        limit = None if session is None else session.hello.get("max_payload_bytes")
+        limit: int | None = None
+        if session is not None:
+            limit = session.hello.get("max_payload_bytes")
+            alone = {"items": [{"id": job.id, "lease": job.lease, "result": None}]}
+            room = session.max_frame_bytes - session.frame_size("ack_batch", alone) + len("null")
+            limit = room if limit is None else min(limit, room)
         try:
             data = encode_payload(value, max_bytes=limit, field="result")
         except WireError as exc:
@@ -741,9 +747,14 @@ class Worker:
                 else {"id": job.id, "lease": job.lease, "result": raw_json(data)}
                 for job in batch
             ]
-            reply = session.request_now("ack_batch", {"items": items})
-            self._senders.add(reply)
-            reply.add_done_callback(functools.partial(self._acks_answered, batch))
+            runs = [(0, items)]
+            if results:  # results may outgrow a frame: cut the batch until each run fits
+                runs = split_to_fit(items, functools.partial(_fits_a_frame, session))
+            for start, run in runs:
+                reply = session.request_now("ack_batch", {"items": run})
+                self._senders.add(reply)
+                done = batch[start : start + len(run)]
+                reply.add_done_callback(functools.partial(self._acks_answered, done))
 
     def _acks_answered(self, jobs: list[Job], reply: asyncio.Future[Any]) -> None:
         """One ``ack_batch`` was answered (or given up on): its jobs are held no more.
@@ -802,6 +813,11 @@ class Worker:
             return
         if not reply.get("landed"):
             log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _fits_a_frame(session: Session, items: list[dict[str, Any]]) -> bool:
+    """Whether an ``ack_batch`` of ``items`` fits in a frame the broker takes."""
+    return session.frame_size("ack_batch", {"items": items}) <= session.max_frame_bytes
 
 
 def _held_scope(limited: RateLimited, job: Job) -> str:

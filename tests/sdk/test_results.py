@@ -252,3 +252,40 @@ def test_the_queues_file_sets_completed_retention(tmp_path: Path) -> None:
     path.write_text("[queues.reports]\ncompleted_retention_s = -1\n")
     with pytest.raises(ConfigError, match="completed_retention_s"):
         load_queues(path)
+
+
+async def test_acks_whose_results_outgrow_a_frame_are_split_and_one_too_big_fails(
+    probe: Probe,
+) -> None:
+    config = dataclasses.replace(BASE_CONFIG, max_frame_bytes=8192, max_payload_bytes=8192)
+    async with (
+        running_broker(config) as broker,
+        Client(broker.url, connect_timeout=WAIT, request_timeout=WAIT) as client,
+    ):
+        release, all_in = asyncio.Event(), asyncio.Event()
+        started: list[str] = []
+        worker = make_worker(broker, "big", prefetch=8)
+
+        @worker.handler("big")
+        async def fill(job: Job) -> str:
+            started.append(job.id)
+            if len(started) == 5:
+                all_in.set()
+            await release.wait()  # all end in one loop iteration: their acks share a batch
+            return str(job.payload["c"]) * job.payload["size"]
+
+        ids = await client.enqueue_many("big", [{"c": c, "size": 3000} for c in range(4)])
+        too_big = await client.enqueue("big", {"c": "z", "size": 8150})
+        waits = [asyncio.ensure_future(client.result(i, timeout_s=30)) for i in ids]
+        failing = asyncio.ensure_future(client.result(too_big, timeout_s=30))
+        await _until(probe, lambda: _waits(broker) == 5)
+        async with running(worker, probe):
+            await asyncio.wait_for(all_in.wait(), WAIT)
+            release.set()
+            results = await asyncio.wait_for(asyncio.gather(*waits), WAIT)
+            with pytest.raises(JobFailed) as failed:
+                await asyncio.wait_for(failing, WAIT)
+        assert results == [str(c) * 3000 for c in range(4)]
+        assert failed.value.error is not None and "8152 bytes" in failed.value.error
+        batches = [h for h in probe.log if h.op == "ack_batch"]
+        assert len(batches) >= 2 and sum(len(h.fields["items"]) for h in batches) == 4
