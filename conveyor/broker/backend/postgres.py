@@ -265,7 +265,8 @@ f AS (
     WHERE q.name IN (SELECT queue FROM d) AND q.flow_until > %(now)s
 )"""
 
-# The queues that keep their jobs once acked (RES-3): a hashed set, read once a statement.
+# The queues that keep their jobs once acked (RES-3): a hashed set, read once a statement
+# (and while no queue keeps any, the keeping branch is not run: a one-time EXISTS).
 _KEEPING = "SELECT name FROM conveyor_queues WHERE completed_retention_s IS NOT NULL"
 
 # An ack (RES-1): a valid lease's job is deleted, or kept completed with its result where
@@ -284,7 +285,7 @@ WITH u AS (
     UPDATE conveyor_jobs j SET state = 'completed', result = u.result,
         completed_at = %(now)s, worker_id = NULL, lease = NULL, deadline = NULL, sched = false
     FROM u
-    WHERE j.seq = u.seq AND {_VALID} AND j.queue IN ({_KEEPING})
+    WHERE EXISTS ({_KEEPING}) AND j.seq = u.seq AND {_VALID} AND j.queue IN ({_KEEPING})
     RETURNING j.seq, j.queue, u.lease, u.result
 ), a AS (
     SELECT * FROM d UNION ALL SELECT * FROM k
