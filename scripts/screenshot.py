@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conveyor.broker.config import Config  # noqa: E402
+from conveyor.broker.engine import QueueOpts  # noqa: E402
 from conveyor.broker.server import Broker, running_broker  # noqa: E402
 from conveyor.sdk import Client, Fail, Job, Retry, Worker  # noqa: E402
 
@@ -119,8 +120,10 @@ def workers(url: str) -> list[Worker]:
         await asyncio.sleep(rng.uniform(20, 90))
 
     @reporter.handler("reports")
-    async def report(job: Job) -> None:
+    async def report(job: Job) -> dict[str, object]:  # its result, kept an hour
         await asyncio.sleep(rng.uniform(0.6, 1.4))
+        team = job.payload["team"]
+        return {"pages": rng.randint(3, 40), "url": f"https://files.example.com/{team}.pdf"}
 
     return [mailer, imaging, payments, video, reporter]
 
@@ -195,7 +198,13 @@ async def shot(browser: Browser, url: str, width: int, out: str) -> None:
 async def shoot(args: argparse.Namespace) -> None:
     from playwright.async_api import async_playwright
 
-    config = Config(port=0, store="memory", sweep_interval_s=1.0, disconnect_grace_s=0.0)
+    config = Config(
+        port=0,
+        store="memory",
+        sweep_interval_s=1.0,
+        disconnect_grace_s=0.0,
+        queue_opts={"reports": QueueOpts(completed_retention_s=3600.0)},
+    )
     async with running_broker(config) as broker, traffic(broker) as client:
         await asyncio.sleep(args.seconds * 0.7)
         await client.pause("reports")

@@ -563,6 +563,7 @@ ROLES_BY_OP = {
     "enqueue_batch": {P, A},
     "enqueue_each": {P, A},
     "get_job": {P, W, R, A},
+    "wait": {P, R, A},
     "cancel": {P, A},
     "cancel_batch": {P, A},
     "stats": {P, R, A},
@@ -635,6 +636,8 @@ class FakeJob:
     lease: str = "secret"
     timeout_s: float | None = 45.0
     partition: str | None = "acme"
+    result_json: bytes | None = None
+    completed_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -910,3 +913,20 @@ def _entry_checks_agree(f: Field, item: Any, index: int) -> None:
         assert (exc.field, exc.message) == (slow.field, slow.message)
         return
     assert fast == slow
+
+
+def test_ack_batch_items_with_a_result_are_told_apart_by_type() -> None:
+    spec = OPS["ack_batch"]
+    bare = [{"id": "a", "lease": "1"}, {"id": "b", "lease": "2"}]
+    checked = wire.validate_fields(spec, {"op": "ack_batch", "items": bare})
+    assert type(checked["items"]) is list and checked["items"] == bare
+    mixed = [{"id": "a", "lease": "1"}, {"id": "b", "lease": "2", "result": {"n": [1]}}]
+    checked = wire.validate_fields(spec, {"op": "ack_batch", "items": mixed})
+    assert type(checked["items"]) is wire.MoreThanPairs
+    assert checked["items"] == [mixed[0], {"id": "b", "lease": "2", "result": {"n": [1]}}]
+    with pytest.raises(WireError) as bad:
+        wire.validate_fields(spec, {"items": [*mixed, {"id": "c", "lease": "3", "extra": 1}]})
+    assert bad.value.code is ErrorCode.INVALID_ARGUMENT and bad.value.field == "items[2].extra"
+    with pytest.raises(WireError) as bad:
+        wire.validate_fields(spec, {"items": [{"id": "c", "lease": 3, "result": 1}]})
+    assert bad.value.field == "items[0].lease"

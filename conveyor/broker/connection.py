@@ -43,10 +43,12 @@ from .dispatch import Dispatcher, Subscription
 from .egress import Gate, Out, Wait, wait_for
 from .engine import InvalidArgument
 from .feed import Feed
-from .ops import HANDLERS, Result
+from .ops import HANDLERS, Result, WaitFor
 from .ops import Broker as OpsBroker
+from .scheduler import Scheduler
 from .store import StoreError
 from .transport import Socket
+from .waits import Waits
 
 __all__ = ["Connection", "Hub", "Socket"]
 
@@ -72,6 +74,7 @@ class Hub(OpsBroker, Protocol):
     feed: Feed
     closing: bool
     tokens: TokenSlots
+    scheduler: Scheduler
 
 
 class Connection:
@@ -110,6 +113,8 @@ class Connection:
         # frame made after the oldest of them: frames leave in the order they were made.
         self._later: deque[_Slot] = deque()
         self._releasing = False
+        # The waits of ``wait`` requests: answered on their own, out of order.
+        self.waits = Waits(broker.backend, broker.scheduler, self.send)
         config = broker.config
         header_token = bearer(ws.request.headers) if ws.request is not None else None
         self.roles: frozenset[Role] = frozenset()
@@ -425,6 +430,11 @@ class Connection:
             reply = HANDLERS[spec.op](self, fields)
             if reply is None or isinstance(reply, dict):
                 result = reply
+            elif isinstance(reply, WaitFor):
+                self._bad_in_a_row = 0
+                if rid is not None:  # (no rid: no reply to give, nothing to wait for)
+                    self.waits.start(rid, reply.id, reply.timeout_s)
+                return
             elif reply.done():
                 result = reply.result()
             else:
@@ -503,6 +513,7 @@ class Connection:
         self._closing = True
         self._ending = True
         self.broker.feed.forget(self)
+        self.waits.close()
         if self.subscription is not None:
             self.broker.dispatcher.unsubscribe(self.subscription)
             self.subscription = None

@@ -81,6 +81,7 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
         "scheduled": stats.scheduled,
         "processing": stats.processing,
         "dead": stats.dead,
+        "completed": stats.completed,
         "paused": stats.paused,
         "oldest_ready_at": stats.oldest_ready_at,
         "limited": stats.limited,

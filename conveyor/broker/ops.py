@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..sdk._wire import (
     BACK_OFF_SCOPES,
     JOB_STATES,
     MAX_LIST_LIMIT,
     MAX_SCHEDULE_LIMIT,
+    MAX_WAIT_S,
     OPS,
     PROTOCOL_VERSION,
     SCHEDULE_FIELDS,
     SERVER_NAME,
     SUPPORTED_PROTOCOLS,
     ErrorCode,
+    MoreThanPairs,
     Op,
     Role,
     WireError,
@@ -52,7 +54,7 @@ from .engine import (
 )
 from .feed import Feed, Viewer, queue_info
 
-__all__ = ["HANDLERS", "Broker", "Peer"]
+__all__ = ["HANDLERS", "Broker", "Peer", "WaitFor"]
 
 
 class Broker(Protocol):
@@ -106,7 +108,7 @@ Result = dict[str, Any] | None
 # A handler's reply: there at once, or to come with its backend call's result (a
 # database's answer); the connection sends each in the order the requests came.
 Reply = Result | Pending[Result]
-Handler = Callable[[Peer, dict[str, Any]], Reply]
+Handler = Callable[[Peer, dict[str, Any]], "Reply | WaitFor"]
 
 _OPTION_NAMES = (
     "priority",
@@ -426,14 +428,29 @@ def _finish(conn: Peer, job_id: str, lease: str, outcome: str | None) -> None:
     conn.broker.dispatcher.finished(conn.subscription, job_id, lease, outcome)
 
 
+def _result(conn: Peer, value: Any, field: str) -> bytes | None:
+    """An ack's ``result`` as the JSON bytes to store, ``None`` for none (absent or null);
+    ``too_large`` naming ``field`` over the broker's ``max_payload_bytes``."""
+    if value is None:
+        return None
+    return encode_payload(value, max_bytes=conn.broker.config.max_payload_bytes, field=field)
+
+
 def ack(conn: Peer, f: dict[str, Any]) -> Reply:
     job_id, lease = f["id"], f["lease"]
+    result = _result(conn, f["result"], "result")
 
     def reply(landed: list[bool]) -> Result:
         _finish(conn, job_id, lease, "ok" if landed[0] else None)
         return {"landed": landed[0]}
 
-    return then(conn.broker.backend.ack([(job_id, lease)]), reply)
+    backend = conn.broker.backend
+    acked = (
+        backend.ack([(job_id, lease)])
+        if result is None
+        else backend.ack([(job_id, lease)], [result])
+    )
+    return then(acked, reply)
 
 
 def _report(conn: Peer, f: dict[str, Any], *, retry: bool) -> Reply:
@@ -485,13 +502,42 @@ def heartbeat(conn: Peer, f: dict[str, Any]) -> Reply:
 
 
 def ack_batch(conn: Peer, f: dict[str, Any]) -> Reply:
-    pairs = [(item["id"], item["lease"]) for item in f["items"]]
+    items = f["items"]
+    pairs = [(item["id"], item["lease"]) for item in items]
+    # Most acks carry no result: their items are a plain list of bare pairs (the wire
+    # check's ``MoreThanPairs`` otherwise), and only a batch with a result pays for them.
+    results: list[bytes | None] | None = None
+    if type(items) is MoreThanPairs:
+        results = [
+            _result(conn, item.get("result"), f"items[{i}].result") for i, item in enumerate(items)
+        ]
 
     def reply(landed: list[bool]) -> Result:
         conn.broker.dispatcher.finished_many(conn.subscription, pairs, "ok", landed)
         return {"landed": landed}
 
-    return then(conn.broker.backend.ack(pairs), reply)
+    backend = conn.broker.backend
+    return then(backend.ack(pairs) if results is None else backend.ack(pairs, results), reply)
+
+
+class WaitFor(NamedTuple):
+    """``wait``'s answer to come: the connection waits for job ``id`` for at most
+    ``timeout_s`` seconds and replies on its own, out of the order of replies
+    (``broker/waits.py``)."""
+
+    id: str
+    timeout_s: float
+
+
+def wait(conn: Peer, f: dict[str, Any]) -> WaitFor:
+    timeout_s = f["timeout_s"]
+    if not 0 <= timeout_s <= MAX_WAIT_S:
+        raise WireError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"timeout_s: must be a number in [0, {MAX_WAIT_S:g}], got {timeout_s!r}",
+            "timeout_s",
+        )
+    return WaitFor(f["id"], float(timeout_s))
 
 
 def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Reply:
@@ -711,4 +757,5 @@ HANDLERS: dict[Op, Handler] = {
     Op.RESUME_SCHEDULE: resume_schedule,
     Op.RUN_SCHEDULE: run_schedule,
     Op.LIST_SCHEDULES: list_schedules,
+    Op.WAIT: wait,
 }

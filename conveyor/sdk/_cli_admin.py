@@ -50,7 +50,7 @@ __all__ = [
 EXIT_FAILED = 1  # refused, unreachable, or nothing happened
 EXIT_USAGE = 2  # bad arguments (argparse's own status for them too)
 
-STATES = ("ready", "scheduled", "processing", "dead")
+STATES = ("ready", "scheduled", "processing", "completed", "dead")
 DEFAULT_LIMIT = 50
 # How much of a payload or an error a table cell shows.
 _CELL = 40
@@ -185,6 +185,7 @@ _JOB_FIELDS: tuple[tuple[str, str, Callable[[Any, float], str]], ...] = (
     ("worker_id", "worker", lambda v, now: "-" if v is None else str(v)),
     ("deadline", "lease ends", lambda v, now: when(v, now)),
     ("died_at", "died", lambda v, now: when(v, now)),
+    ("completed_at", "completed", lambda v, now: when(v, now)),
     ("last_error", "last error", lambda v, now: "-" if v is None else str(v)),
     ("visibility_timeout_s", "lease", lambda v, now: _seconds(v)),
     ("timeout_s", "time limit", lambda v, now: _seconds(v)),
@@ -194,8 +195,9 @@ _JOB_FIELDS: tuple[tuple[str, str, Callable[[Any, float], str]], ...] = (
 
 
 def show_job(info: JobInfo, now: float) -> str:
-    """``info`` as fields one per line: times as local dates, the payload as indented
-    JSON. A field this list does not know (a newer SDK's) is shown too, as JSON."""
+    """``info`` as fields one per line: times as local dates, the payload (and a
+    completed job's result) as indented JSON. A field this list does not know (a newer
+    SDK's) is shown too, as JSON."""
     data = dataclasses.asdict(info)
     pairs: list[tuple[str, str]] = []
     for name, label, show in _JOB_FIELDS:
@@ -204,9 +206,16 @@ def show_job(info: JobInfo, now: float) -> str:
         if name == "priority":
             attempts = f"{data.get('attempts')} of {data.get('max_attempts')}"
             pairs.append(("attempts", attempts))
-    known = {name for name, _, _ in _JOB_FIELDS} | {"payload", "attempts", "max_attempts"}
+    known = {name for name, _, _ in _JOB_FIELDS} | {
+        "payload",
+        "attempts",
+        "max_attempts",
+        "result",
+    }
     pairs.extend((name, _json(value)) for name, value in data.items() if name not in known)
     pairs.append(("payload", _pretty(data.get("payload"))))
+    if data.get("state") == "completed":
+        pairs.append(("result", _pretty(data.get("result"))))
     return fields(pairs)
 
 
@@ -225,6 +234,9 @@ def show_jobs(jobs: Sequence[JobInfo], state: str, now: float) -> str:
     elif state == "processing":
         extra = [Column("WORKER", limit=_CELL), Column("LEASE ENDS")]
         cells = [[j.worker_id or "-", when(j.deadline, now, short=True)] for j in jobs]
+    elif state == "completed":
+        extra = [Column("COMPLETED"), Column("RESULT", limit=_CELL)]
+        cells = [[when(j.completed_at, now, short=True), _json(j.result)] for j in jobs]
     else:  # dead
         extra = [Column("DIED"), Column("ERROR", limit=_CELL)]
         cells = [[when(j.died_at, now, short=True), j.last_error or "-"] for j in jobs]

@@ -18,11 +18,18 @@ from typing import Any, TypeVar
 import anyio
 import anyio.from_thread
 
-from ._errors import ConnectionFailed, InvalidArgument, TooLarge
+from ._errors import (
+    ConnectionFailed,
+    InvalidArgument,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    TooLarge,
+)
 from ._session import EACH_BYTES, Session, split_to_fit
 from ._types import JobInfo, JobPage, ScheduleInfo, SchedulePage
 from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
-from ._wire import WireError, encode_payload, raw_json
+from ._wire import MAX_WAIT_S, WireError, encode_payload, raw_json
 
 __all__ = ["DEFAULT_URL", "Client", "SyncClient", "normalize_url"]
 
@@ -329,10 +336,51 @@ class Client:
         return batches
 
     async def get_job(self, job_id: str) -> JobInfo | None:
-        """The job's fields, or ``None`` when it is gone (acked, cancelled, purged)."""
+        """The job's fields, or ``None`` when it is gone (acked on a queue that keeps no
+        finished jobs, cancelled, purged, past its retention). A job kept once acked is
+        ``completed``, with its ``result`` and ``completed_at``."""
         reply = await self._call("get_job", id=job_id)
         job = reply.get("job")
         return None if job is None else JobInfo.from_wire(job)
+
+    async def result(self, job_id: str, *, timeout_s: float | None = None) -> Any:
+        """Wait for the job to finish and return its result: what its handler returned
+        (``None`` when it returned nothing). A job already finished answers at once, if
+        its queue keeps finished jobs (``completed_retention_s``).
+
+        Raises ``JobFailed`` (its ``error``) when the job died, ``JobCancelled`` when it
+        was cancelled, ``JobNotFound`` when the broker does not know it (no such job, or
+        finished and not kept), and ``TimeoutError`` when ``timeout_s`` seconds pass
+        first (``None``: wait as long as it takes). ``InvalidArgument`` for a
+        ``timeout_s`` that is not a finite number >= 0.
+
+        The broker's ``wait`` holds each request at most ``MAX_WAIT_S`` and at most half
+        this client's ``request_timeout``; a longer wait is several requests in a row,
+        each resent after a reconnect like any request.
+        """
+        if timeout_s is not None:
+            _finite("timeout_s", timeout_s)
+            if timeout_s < 0:
+                raise InvalidArgument(
+                    f"timeout_s: must be >= 0, got {timeout_s!r}", field="timeout_s"
+                )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        step = min(MAX_WAIT_S, self._session.request_timeout / 2)
+        while True:
+            left = step if deadline is None else max(0.0, min(step, deadline - loop.time()))
+            reply = await self._call("wait", id=job_id, timeout_s=left)
+            state = reply["state"]
+            if state == "completed":
+                return reply.get("result")
+            if state == "dead":
+                raise JobFailed(job_id, reply.get("error"))
+            if state == "cancelled":
+                raise JobCancelled(job_id)
+            if state == "unknown":
+                raise JobNotFound(job_id)
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(f"job {job_id}: still {state} after {timeout_s} s")
 
     async def cancel(self, job_id: str) -> bool:
         """Delete the job in any state; ``True`` if it existed. Its worker is told."""
@@ -666,6 +714,10 @@ class SyncClient:
         """``Client.get_job``, blocking."""
         info: JobInfo | None = self._run(self._c.get_job, job_id)
         return info
+
+    def result(self, job_id: str, *, timeout_s: float | None = None) -> Any:
+        """``Client.result``, blocking."""
+        return self._run(self._c.result, job_id, timeout_s=timeout_s)
 
     def cancel(self, job_id: str) -> bool:
         """``Client.cancel``, blocking."""

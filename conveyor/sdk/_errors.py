@@ -9,7 +9,13 @@
      ├── NotFound, TooLarge, LimitExceeded, Conflict, UnsupportedVersion
      ├── Internal                             the broker hit a bug (no details are sent)
      ├── Unavailable                          the broker is shutting down
-     └── ConnectionFailed                     the broker could not be reached in time
+     ├── ConnectionFailed                     the broker could not be reached in time
+     ├── JobFailed                            client.result: the job died (.error)
+     └── JobCancelled                         client.result: the job was cancelled
+
+``NotFound`` has a subclass of its own, ``JobNotFound``: ``client.result`` of a job the
+broker does not know (none had that id, or it finished and was not kept). ``JobFailed``,
+``JobCancelled`` and ``JobNotFound`` name the job in ``job_id``.
 
 An error code the SDK does not know becomes a plain ``Internal``-like ``ConveyorError``
 with that code, as docs/protocol.md §5 asks.
@@ -30,6 +36,9 @@ __all__ = [
     "Forbidden",
     "Internal",
     "InvalidArgument",
+    "JobCancelled",
+    "JobFailed",
+    "JobNotFound",
     "LimitExceeded",
     "NotFound",
     "TooLarge",
@@ -116,6 +125,38 @@ class ConnectionFailed(ConveyorError):
 
     code = "connection_failed"
     refused = False
+
+
+class JobFailed(ConveyorError):
+    """The job awaited by ``client.result`` died (its attempts used up, a ``Fail``, or
+    expired): ``error`` is its last error (``None`` when it had none)."""
+
+    code = "job_failed"
+
+    def __init__(self, job_id: str, error: str | None) -> None:
+        super().__init__(f"job {job_id} failed: {error or 'no error given'}")
+        self.job_id = job_id
+        self.error = error
+
+
+class JobCancelled(ConveyorError):
+    """The job awaited by ``client.result`` was cancelled before it ended."""
+
+    code = "job_cancelled"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id} was cancelled")
+        self.job_id = job_id
+
+
+class JobNotFound(NotFound):
+    """``client.result`` of a job the broker does not know: no job had that id, or it
+    finished on a queue that does not keep finished jobs (``completed_retention_s``)
+    before the wait began."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"job {job_id}: no such job (or it finished and was not kept)")
+        self.job_id = job_id
 
 
 _BY_CODE: dict[str, type[ConveyorError]] = {

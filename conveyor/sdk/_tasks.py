@@ -152,20 +152,21 @@ class Task(Generic[P, R]):
 
     # -- running (the worker's side) ---------------------------------------------------
 
-    def handler(self) -> Callable[[Job], Awaitable[None]] | Callable[[Job], None]:
+    def handler(self) -> Callable[[Job], Awaitable[Any]] | Callable[[Job], Any]:
         """The job handler that runs this task: async for an async function, plain (run
-        in a thread by the worker) for a plain one."""
+        in a thread by the worker) for a plain one. The function's return value is the
+        job's result."""
         if self._is_async:
 
-            async def run_async(job: Job) -> None:
+            async def run_async(job: Job) -> Any:
                 args, kwargs = self._arguments(job)
-                await self.fn(*args, **kwargs)
+                return await self.fn(*args, **kwargs)
 
             return run_async
 
-        def run(job: Job) -> None:
+        def run(job: Job) -> Any:
             args, kwargs = self._arguments(job)
-            self.fn(*args, **kwargs)
+            return self.fn(*args, **kwargs)
 
         return run
 

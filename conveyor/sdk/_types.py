@@ -28,7 +28,8 @@ class JobInfo:
 
     id: str
     queue: str
-    state: str  # "ready", "scheduled", "processing" or "dead" (docs/protocol.md, get_job)
+    # "ready", "scheduled", "processing", "completed" or "dead" (docs/protocol.md, get_job)
+    state: str
     payload: Any
     priority: int
     attempts: int
@@ -46,6 +47,8 @@ class JobInfo:
     key: str | None
     timeout_s: float | None = None  # the job's own time limit (seconds), if it has one
     partition: str | None = None  # the job's partition key for flow control, if it has one
+    result: Any = None  # a completed job's result (its handler's return value), if any
+    completed_at: float | None = None  # when a completed job was acked
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:

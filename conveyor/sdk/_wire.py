@@ -62,6 +62,7 @@ __all__ = [
     "MAX_PAYLOAD_DEPTH",
     "MAX_RID_CHARS",
     "MAX_SCHEDULE_LIMIT",
+    "MAX_WAIT_S",
     "METRICS_PATH",
     "OPS",
     "PROTOCOL_VERSION",
@@ -76,6 +77,7 @@ __all__ = [
     "Field",
     "JobSnapshot",
     "Kind",
+    "MoreThanPairs",
     "Op",
     "OpSpec",
     "Push",
@@ -132,6 +134,8 @@ DEFAULT_PREFETCH: Final = 16
 #: ``list_jobs``' ``limit`` when the request leaves it out, and the most it may be.
 DEFAULT_LIST_LIMIT: Final = 50
 MAX_LIST_LIMIT: Final = 500
+#: The longest ``timeout_s`` a ``wait`` may ask for, in seconds.
+MAX_WAIT_S: Final = 3600.0
 
 # Close codes (RFC 6455 section 7.4.1 and the IANA registry), docs/protocol.md "Close codes".
 #: The peer asked to close, or the broker is done with a connection in good order.
@@ -191,7 +195,7 @@ class ErrorCode(StrEnum):
 class Role(StrEnum):
     """What a token may do (docs/protocol.md, "Authentication and roles")."""
 
-    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, cancel, stats,
+    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, wait, cancel, stats,
     # list_jobs, list_schedules.
     PUBLISH = "publish"
     # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
@@ -200,7 +204,7 @@ class Role(StrEnum):
     # Everything, including pause, resume, redrive, redrive_all, purge_dead, sweep,
     # set_limits and the schedule changes (set_schedule, pause_schedule, ...).
     ADMIN = "admin"
-    # Look only: get_job, stats, list_jobs, list_schedules (and the dashboard's feed).
+    # Look only: get_job, wait, stats, list_jobs, list_schedules (and the dashboard's feed).
     READ = "read"
 
 
@@ -244,6 +248,7 @@ class Op(StrEnum):
     RESUME_SCHEDULE = "resume_schedule"
     RUN_SCHEDULE = "run_schedule"
     LIST_SCHEDULES = "list_schedules"
+    WAIT = "wait"
 
 
 class Push(StrEnum):
@@ -509,8 +514,10 @@ class Field:
     # on its own (check_entry), so that one bad entry fails alone (enqueue_each).
     each: bool = False
     item_names: frozenset[str] = field(init=False, repr=False, compare=False)
-    # OBJECTS whose entries are exactly two required strings (``{id, lease}``): their
-    # names, for a shorter check of the batches every worker sends (acks, heartbeats).
+    # OBJECTS whose entries are two required strings (``{id, lease}``) and optional fields:
+    # the two names, for a shorter check of the batches every worker sends (acks,
+    # heartbeats). An entry of exactly those two is kept as it is (its optional fields
+    # absent, not filled with their defaults: read them with ``get``).
     string_pair: tuple[str, str] | None = field(init=False, repr=False, compare=False)
     # OBJECTS: what the fast check of an entry needs, computed once (see _Shape).
     item_shape: _Shape = field(init=False, repr=False, compare=False)
@@ -519,8 +526,10 @@ class Field:
         object.__setattr__(self, "item_names", frozenset(f.name for f in self.items))
         object.__setattr__(self, "item_shape", _Shape(self.items))
         pair = None
-        if len(self.items) == 2 and all(
-            f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items
+        if (
+            len(self.items) >= 2
+            and all(f.kind is Kind.STRING and f.required and not f.nonempty for f in self.items[:2])
+            and not any(f.required for f in self.items[2:])
         ):
             pair = (self.items[0].name, self.items[1].name)
         object.__setattr__(self, "string_pair", pair)
@@ -633,6 +642,9 @@ MAX_SCHEDULE_LIMIT: Final = 1000
 #: ``back_off``'s ``scope``: the job's partition key (or the one named), or its queue.
 BACK_OFF_SCOPES: Final = ("partition", "queue")
 _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE))
+# An ack's result: any JSON value; absent (or null) is no result.
+_RESULT = Field("result", Kind.ANY)
+_ACKS = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE, _RESULT))
 
 _SPECS = (
     OpSpec(
@@ -679,6 +691,7 @@ _SPECS = (
         ),
     ),
     OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
+    OpSpec(Op.WAIT, frozenset({_P, _A, _R}), (_ID, Field("timeout_s", Kind.NUMBER, required=True))),
     OpSpec(Op.CANCEL, _PUBLISHING, (_ID,)),
     OpSpec(
         Op.CANCEL_BATCH,
@@ -708,11 +721,11 @@ _SPECS = (
         ),
     ),
     OpSpec(Op.UNSUBSCRIBE, _WORKING, ()),
-    OpSpec(Op.ACK, _WORKING, (_ID, _LEASE)),
+    OpSpec(Op.ACK, _WORKING, (_ID, _LEASE, _RESULT)),
     OpSpec(Op.RETRY, _WORKING, (_ID, _LEASE, _ERROR, Field("delay_s", Kind.NUMBER))),
     OpSpec(Op.FAIL, _WORKING, (_ID, _LEASE, _ERROR)),
     OpSpec(Op.HEARTBEAT, _WORKING, (_ID, _LEASE)),
-    OpSpec(Op.ACK_BATCH, _WORKING, (_HANDLES,)),
+    OpSpec(Op.ACK_BATCH, _WORKING, (_ACKS,)),
     OpSpec(Op.HEARTBEAT_BATCH, _WORKING, (_HANDLES,)),
     OpSpec(Op.PAUSE, _ADMIN, (_QUEUE,)),
     OpSpec(Op.RESUME, _ADMIN, (_QUEUE,)),
@@ -933,8 +946,10 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
                         or type(item.get(a)) is not str
                         or type(item.get(b)) is not str
                     ):
-                        raise _Explain
-                value = list(value)  # the entries are exactly {a, b}, checked: kept as they are
+                        value = _pairs_and_more(f, value, max_batch)
+                        break
+                else:
+                    value = list(value)  # the entries are exactly {a, b}: kept as they are
             else:
                 names, items = f.item_names, f.item_shape
                 checked = []
@@ -947,6 +962,31 @@ def _fast_object(shape: _Shape, obj: Mapping[str, Any], max_batch: int | None) -
     if shape.required and not obj.keys() >= shape.required:
         raise _Explain  # a required field is missing
     return out
+
+
+class MoreThanPairs(list[Any]):
+    """The checked entries of a ``string_pair`` field (``ack_batch.items``) of which some
+    hold more than the pair (an ack's ``result``): an op tells them from the usual plain
+    ``list`` of bare pairs by their type, with no walk over the entries."""
+
+
+def _pairs_and_more(f: Field, value: list[Any], max_batch: int | None) -> MoreThanPairs:
+    """The entries of a ``string_pair`` field when some hold more than the pair (an ack's
+    ``result``): those are checked against the entry's fields, the others kept as they
+    are. Raises ``_Explain`` for an entry the fast check cannot pass."""
+    a, b = f.string_pair or ("", "")
+    names, shape, more = f.item_names, f.item_shape, len(f.items) > 2
+    checked = MoreThanPairs()
+    for item in value:
+        if type(item) is not dict:
+            raise _Explain
+        if len(item) == 2 and type(item.get(a)) is str and type(item.get(b)) is str:
+            checked.append(item)
+        elif more and names.issuperset(item):
+            checked.append(_fast_object(shape, item, max_batch))
+        else:
+            raise _Explain
+    return checked
 
 
 def _check_object(
@@ -1138,6 +1178,10 @@ class JobSnapshot(Protocol):
     def timeout_s(self) -> float | None: ...
     @property
     def partition(self) -> str | None: ...
+    @property
+    def result_json(self) -> bytes | None: ...
+    @property
+    def completed_at(self) -> float | None: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1191,6 +1235,8 @@ JOB_INFO_FIELDS: Final = (
     "key",
     "timeout_s",
     "partition",
+    "result",
+    "completed_at",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1212,7 +1258,7 @@ PUSHED_JOB_FIELDS: Final = (
 #: The states a job object's ``state`` names (docs/protocol.md, "get_job"), in the order a
 #: job usually passes them. A stored job is ``pending``, ``processing`` or ``dead``; a
 #: pending one is ``ready`` once its ``ready_at`` has come, ``scheduled`` before.
-JOB_STATES: Final = ("ready", "scheduled", "processing", "dead")
+JOB_STATES: Final = ("ready", "scheduled", "processing", "completed", "dead")
 
 
 def job_state(job: JobSnapshot, now: float) -> str:
@@ -1248,6 +1294,8 @@ def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
         "key": job.key,
         "timeout_s": job.timeout_s,
         "partition": job.partition,
+        "result": None if (result := job.result_json) is None else raw_json(result),
+        "completed_at": job.completed_at,
     }
 
 

@@ -7,7 +7,11 @@ reported when its handler ends:
 
 * the handler returns: ``ack``. The acks of every handler that ended in the same
   event-loop iteration go out as one ``ack_batch`` frame, so a busy worker sends one
-  frame per burst of jobs, not one per job;
+  frame per burst of jobs, not one per job. A return value other than ``None`` is the
+  job's result, sent with its ack (``client.result`` hands it to a publisher); one that
+  is not strict JSON, or larger than the broker's ``max_payload_bytes``, fails the job
+  instead (``fail``, dead-lettered, the error naming the size or the fault): retrying
+  would make the same result again;
 * it raises ``Retry(delay_s, error)``: ``retry`` (the broker's backoff curve when
   ``delay_s`` is ``None``);
 * it raises ``Fail(error)``: ``fail`` (dead-lettered at once);
@@ -61,10 +65,11 @@ from typing import Any, TypeVar
 import anyio
 
 from ._errors import ConveyorError, InvalidArgument, Unavailable
-from ._session import Session
+from ._session import Session, split_to_fit
 from ._tasks import TaskMaker
 from ._types import Fail, Job, RateLimited, Retry
 from ._urls import DEFAULT_URL, Urls, parse_urls
+from ._wire import WireError, encode_payload, raw_json
 
 __all__ = ["Handler", "Worker"]
 
@@ -80,7 +85,8 @@ _ACK_RETRY_MAX_S = 2.0
 # Acks per ack_batch frame when the broker's hello does not say (its default max_batch).
 _MAX_BATCH = 1000
 
-Handler = Callable[[Job], Awaitable[None]] | Callable[[Job], None]
+# A handler's return value is the job's result (``None``: none); see the module docstring.
+Handler = Callable[[Job], Awaitable[Any]] | Callable[[Job], Any]
 H = TypeVar("H", bound=Handler)
 
 
@@ -179,7 +185,7 @@ class Worker:
         # The async handlers again, by queue: which handler is a coroutine function is found
         # once at registration, not by inspect.iscoroutinefunction per job (a busy
         # worker's profile showed it).
-        self._async_handlers: dict[str, Callable[[Job], Awaitable[None]]] = {}
+        self._async_handlers: dict[str, Callable[[Job], Awaitable[Any]]] = {}
         self._held: dict[str, Job] = {}  # job id -> job, until its report is answered
         # job id -> a later attempt of a held job, pushed after our lease lapsed (an outage
         # past the grace): it runs once the held attempt ends.
@@ -192,6 +198,8 @@ class Worker:
         # The acks of handlers that ended in this loop iteration and are not sent yet,
         # and the replies awaited to ack_batch requests sent earlier.
         self._acks: list[Job] = []
+        # job id -> the encoded result of a handler that returned one, until acked.
+        self._results: dict[str, bytes] = {}
         self._senders: set[asyncio.Future[Any]] = set()
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -519,6 +527,7 @@ class Worker:
         cancelled = job.id in self._cancelled
         self._cancelled.discard(job.id)
         self._held.pop(job.id, None)
+        self._results.pop(job.id, None)
         again = self._again.pop(job.id, None)
         if again is not None and not cancelled and not self._killing:
             self._start(again)
@@ -535,15 +544,20 @@ class Worker:
         try:
             limit = job.timeout_s or self._limits.get(queue)
             if limit is not None:
-                await self._call_limited(job, limit)
+                value = await self._call_limited(job, limit)
             elif (run := self._async_handlers.get(queue)) is not None:
-                await run(job)
+                value = await run(job)
             else:  # a plain function: on a thread, as many at once as the prefetch
-                await anyio.to_thread.run_sync(
+                value = await anyio.to_thread.run_sync(
                     self._handlers[queue], job, limiter=self._limiter, abandon_on_cancel=True
                 )
             outcome: tuple[str, dict[str, Any]] = ("ack", {})
-            if timed:
+            if value is not None:
+                refused = self._keep_result(job, value)
+                if refused is not None:
+                    outcome = ("fail", {"error": refused})
+                    jobs_log.warning("job %s %s failed (dead-lettered): %s", job.id, queue, refused)
+            if timed and outcome[0] == "ack":
                 jobs_log.info("job %s %s ok in %s", job.id, queue, _took(loop.time() - started))
         except Retry as retry:
             outcome = ("retry", {"delay_s": retry.delay_s, "error": retry.error})
@@ -589,7 +603,26 @@ class Worker:
         self.handled += 1
         return outcome
 
-    async def _call_limited(self, job: Job, limit: float) -> None:
+    def _keep_result(self, job: Job, value: Any) -> str | None:
+        """Encode a handler's return value as ``job``'s result, kept until its ack is
+        sent; or return the error that fails the job instead (not strict JSON, or over
+        the broker's ``max_payload_bytes``, or too large for its ack to fit in a frame
+        of the broker's ``max_frame_bytes``)."""
+        session = self._session
+        limit: int | None = None
+        if session is not None:
+            limit = session.hello.get("max_payload_bytes")
+            alone = {"items": [{"id": job.id, "lease": job.lease, "result": None}]}
+            room = session.max_frame_bytes - session.frame_size("ack_batch", alone) + len("null")
+            limit = room if limit is None else min(limit, room)
+        try:
+            data = encode_payload(value, max_bytes=limit, field="result")
+        except WireError as exc:
+            return f"result: {exc.message.removeprefix('result: ')}"
+        self._results[job.id] = data
+        return None
+
+    async def _call_limited(self, job: Job, limit: float) -> Any:
         """Run ``job``'s handler for at most ``limit`` seconds; raise ``HandlerTimeout``
         past it, without waiting for the handler to notice: it runs in a task of its own
         (only jobs with a limit pay for that task), cancelled and left behind."""
@@ -613,7 +646,7 @@ class Worker:
             self._abandoned.add(inner)
             inner.add_done_callback(self._forget)
             raise HandlerTimeout(limit)
-        inner.result()  # (the handler's exception, if it raised)
+        return inner.result()  # (the handler's exception, if it raised)
 
     def _forget(self, task: asyncio.Future[Any]) -> None:
         """An abandoned handler ended at last: its outcome no longer counts."""
@@ -707,10 +740,21 @@ class Worker:
         limit = session.hello.get("max_batch", _MAX_BATCH)
         for first in range(0, len(jobs), limit):
             batch = jobs[first : first + limit]
-            items = [{"id": job.id, "lease": job.lease} for job in batch]
-            reply = session.request_now("ack_batch", {"items": items})
-            self._senders.add(reply)
-            reply.add_done_callback(functools.partial(self._acks_answered, batch))
+            results = self._results
+            items: list[dict[str, Any]] = [
+                {"id": job.id, "lease": job.lease}
+                if (data := results.get(job.id)) is None
+                else {"id": job.id, "lease": job.lease, "result": raw_json(data)}
+                for job in batch
+            ]
+            runs = [(0, items)]
+            if results:  # results may outgrow a frame: cut the batch until each run fits
+                runs = split_to_fit(items, functools.partial(_fits_a_frame, session))
+            for start, run in runs:
+                reply = session.request_now("ack_batch", {"items": run})
+                self._senders.add(reply)
+                done = batch[start : start + len(run)]
+                reply.add_done_callback(functools.partial(self._acks_answered, done))
 
     def _acks_answered(self, jobs: list[Job], reply: asyncio.Future[Any]) -> None:
         """One ``ack_batch`` was answered (or given up on): its jobs are held no more.
@@ -769,6 +813,11 @@ class Worker:
             return
         if not reply.get("landed"):
             log.warning("job %s: %s did not land (the lease had lapsed)", job.id, op)
+
+
+def _fits_a_frame(session: Session, items: list[dict[str, Any]]) -> bool:
+    """Whether an ``ack_batch`` of ``items`` fits in a frame the broker takes."""
+    return session.frame_size("ack_batch", {"items": items}) <= session.max_frame_bytes
 
 
 def _held_scope(limited: RateLimited, job: Job) -> str:

@@ -831,7 +831,7 @@ async function clearLimits() {
 // asked for again when the feed's counts for its queue change (at most once a second) or
 // on the operator's action; it is never polled.
 
-const JOB_STATES = ["ready", "scheduled", "processing", "dead"];
+const JOB_STATES = ["ready", "scheduled", "processing", "completed", "dead"];
 const JOBS_LIMIT = 20;
 const JOBS_REFRESH_MS = 1000; // the most often the open page is asked for again
 const SEARCH_DEBOUNCE_MS = 300;
@@ -842,6 +842,7 @@ const TIME_OF_STATE = {
   ready: ["Ready since", (job) => Math.max(job.ready_at, job.enqueued_at), "waiting since (its ready time, or its enqueue)"],
   scheduled: ["Due at", (job) => job.ready_at, "when it becomes ready"],
   processing: ["Running since", (job) => job.claimed_at, "when its worker took it"],
+  completed: ["Completed at", (job) => job.completed_at, "when its ack landed"],
   dead: ["Died at", (job) => job.died_at, "when it died"],
 };
 
@@ -1564,9 +1565,13 @@ const JOB_FIELDS = [
   ["deadline", "time"],
   ["last_error", "text"],
   ["died_at", "time"],
+  ["completed_at", "time"],
   ["key", "text"],
   ["payload", "json"],
+  ["result", "json"],
 ];
+// Shown only for a completed job: the result its handler returned, and when it was acked.
+const COMPLETED_FIELDS = new Set(["completed_at", "result"]);
 
 function followJob(id) {
   $("job-input").value = id;
@@ -1632,6 +1637,7 @@ function renderJob(job, at) {
   const isWide = ([key, kind]) => kind === "json" || (typeof job[key] === "string" && job[key].length > 40);
   const ordered = fields.filter((f) => !isWide(f)).concat(fields.filter(isWide));
   for (const [key, kind] of ordered) {
+    if (COMPLETED_FIELDS.has(key) && job.state !== "completed") continue;
     let value;
     if (kind === "state") value = el("span", { class: `pill state-${job.state}`, text: String(job.state) });
     else if (kind === "json") value = el("pre", { class: "payload", text: fmtField(kind, job[key], at) });

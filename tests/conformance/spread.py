@@ -116,6 +116,12 @@ class Spread:
 
         return call
 
+    def unfollow(self, ids: Sequence[str], on_finished: Any) -> None:
+        """Unfollow on every backend (each ignores the ids it does not follow): a
+        follow went to whichever backend had the turn."""
+        for backend in self.backends:
+            backend.unfollow(ids, on_finished)
+
     async def settle(self) -> None:
         for backend in self.backends:
             await backend.settle()

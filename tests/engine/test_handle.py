@@ -524,6 +524,8 @@ def test_take_changes_sends_a_stored_row_only_its_changing_fields(clock: ManualC
         "lease": h.lease,
         "last_error": "boom",
         "died_at": None,
+        "result": None,
+        "completed_at": None,
         "seq": 2,
     }
     assert h.ack()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conveyor.broker.engine import (
+    ROW_FIELDS,
     SCHEDULE_FIELDS,
     InvalidArgument,
     Job,
@@ -522,7 +523,7 @@ def test_take_changes_carries_schedules_and_deletes(mem: JobTable, clock: Manual
     assert [r[0] for r in changes.schedules] == ["a"]
     # The job the tick made rides the same changes as the schedule's progress.
     assert [r[SCHEDULE_FIELDS.index("next_at")] for r in changes.schedules] == [1200.0]
-    assert [u[-3] for u in changes.upserts] == [tick_key("a", 1100.0)]
+    assert [u[ROW_FIELDS.index("key")] for u in changes.upserts] == [tick_key("a", 1100.0)]
 
 
 def test_a_restored_table_keeps_progress_and_fires_what_it_missed(

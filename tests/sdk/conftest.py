@@ -92,8 +92,8 @@ class Probe:
     def wrap(self, op: Op, handler: Callable[..., Any]) -> Callable[..., Any]:
         def probed(conn: Any, fields: dict[str, Any]) -> Any:
             result = handler(conn, fields)
-            if not hasattr(result, "done"):
-                self._logged(op, fields, result)
+            if not hasattr(result, "done"):  # (a wait's is answered on its own: not logged)
+                self._logged(op, fields, result if isinstance(result, dict) else None)
             else:  # a reply that is there at once (``Ready``) or comes later: logged then
                 result.add_done_callback(lambda came: self._logged(op, fields, _value(came)))
             return result

@@ -146,6 +146,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
         "scheduled": 0,
         "processing": 0,
         "dead": 0,
+        "completed": 0,
         "paused": False,
         "oldest_ready_at": first.ready_at,
         "totals": {

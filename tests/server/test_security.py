@@ -44,6 +44,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("enqueue_batch", {"queue": "q", "jobs": [{"payload": 2}]}),
     ("enqueue_each", {"jobs": [{"queue": "q", "payload": 3}]}),
     ("get_job", {"id": "no-such-job"}),
+    ("wait", {"id": "no-such-job", "timeout_s": 0}),
     ("cancel", {"id": "no-such-job"}),
     ("cancel_batch", {"ids": ["no-such-job"]}),
     ("stats", {}),
@@ -80,6 +81,7 @@ ALLOWED = {
         "enqueue_batch",
         "enqueue_each",
         "get_job",
+        "wait",
         "cancel",
         "cancel_batch",
         "stats",
@@ -98,7 +100,7 @@ ALLOWED = {
         "back_off",
         "get_job",
     },
-    Role.READ: {"get_job", "stats", "list_jobs", "list_schedules", "watch"},
+    Role.READ: {"get_job", "wait", "stats", "list_jobs", "list_schedules", "watch"},
     Role.ADMIN: {op for op, _ in REQUESTS},
 }
 

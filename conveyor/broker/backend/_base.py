@@ -66,6 +66,7 @@ __all__ = [
     "Claim",
     "Claimed",
     "Enqueue",
+    "Finished",
     "JobList",
     "Later",
     "Listener",
@@ -74,6 +75,7 @@ __all__ = [
     "Report",
     "ready",
     "then",
+    "unknown",
 ]
 
 # A backend's failure is a store's failure: the broker stops on either.
@@ -230,6 +232,25 @@ class Enqueue(NamedTuple):
     partition: str | None = None
 
 
+class Finished(NamedTuple):
+    """What ``follow`` tells of a job that finished (RES-5): its ``state`` is
+    ``"completed"`` (acked; ``result_json`` the result its ack stored, ``None`` for
+    none), ``"dead"`` (failed, attempts used up or expired; ``error`` its last error) or
+    ``"cancelled"`` (cancelled or purged). ``"unknown"`` (with ``queue`` empty): no such
+    job, or one that finished and was not kept."""
+
+    id: str
+    queue: str
+    state: str
+    result_json: bytes | None
+    error: str | None
+
+
+def unknown(job_id: str) -> Finished:
+    """What ``follow`` answers for a job it does not know (RES-6)."""
+    return Finished(job_id, "", "unknown", None, None)
+
+
 class Claim(NamedTuple):
     """A worker's request for up to ``n`` jobs of ``queues``, taken in that order (an
     earlier queue's claimable job always goes first: the strict order of ``subscribe``).
@@ -365,8 +386,32 @@ class Backend(Protocol):
         nothing is left that it may take. Queues that do not exist hand out nothing."""
         ...
 
-    def ack(self, leases: Sequence[tuple[str, str]]) -> Pending[list[bool]]:
-        """Ack each ``(id, lease)`` on its own (HND-5, HND-10): whether it landed."""
+    def ack(
+        self,
+        leases: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> Pending[list[bool]]:
+        """Ack each ``(id, lease)`` on its own (HND-5, HND-10): whether it landed.
+        ``results[i]`` is the encoded JSON of ``leases[i]``'s result (``None``: none); a
+        result is stored only by the ack that lands (RES-1) and, on a queue that keeps
+        finished jobs, kept with the job (RES-3). A result over the payload limit raises
+        ``InvalidArgument`` (field ``result``, RES-2) before anything is acked."""
+        ...
+
+    def follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> Pending[list[Finished | None]]:
+        """From now on call ``on_finished`` (on the event loop, once per job) when each
+        of these jobs finishes: acked, dead (failed, attempts used up, expired), or
+        cancelled or purged (RES-5). The result, per id, is what is known already: a
+        ``Finished`` for a job finished and still kept (completed or dead; it is not
+        followed then), ``None`` for one still pending or processing (followed), or
+        ``unknown(id)`` for an id with no job (RES-6)."""
+        ...
+
+    def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
+        """Stop telling ``on_finished`` of these jobs (ids it does not follow are
+        ignored)."""
         ...
 
     def report(self, reports: Sequence[Report]) -> Pending[list[bool | InvalidArgument]]:
@@ -459,7 +504,7 @@ class Backend(Protocol):
         search: str | None = None,
     ) -> Pending[JobList | None]:
         """A page of ``queue``'s jobs in ``state`` (``ready``, ``scheduled``,
-        ``processing`` or ``dead``), in that state's order, starting after the key
+        ``processing``, ``dead`` or ``completed``), in that state's order, starting after the key
         ``after`` (LST-1 to LST-4: the orders and keys are ``engine.Queue.list_jobs``');
         with ``search``, at most ``engine.SEARCH_SCAN`` jobs are looked at. ``None``: no
         such queue. Raises ``InvalidArgument`` for a bad state, limit or key."""

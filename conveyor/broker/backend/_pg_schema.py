@@ -1553,7 +1553,100 @@ CREATE TABLE conveyor_schedules (
 CREATE INDEX conveyor_schedules_next ON conveyor_schedules (next_at) WHERE next_at IS NOT NULL;
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _V_SCHEDULES)
+# Results (docs/contract.md, RES-1 on): the result an ack stored and when, a 'completed'
+# state for the jobs a queue keeps once acked (``completed_retention_s``; its own count,
+# and an index by queue and completion for the listing, the sweep and the next event), and
+# ``conveyor_follows``: the jobs a broker follows, a row per job and broker. A followed
+# job's end is written into its row (``state`` set: what finished, and its result or
+# error) and the broker told "f:<broker>"; it then takes its finished rows. An ack and a
+# cancel write their own (a deleted row has no result to read); a death, wherever it
+# comes from (a report, a sweep, a claim meeting a used-up or expired row), is written by
+# the jobs' update trigger, which looks at the follows only while the table has any, so
+# that a job nobody follows costs one probe of an empty table per statement.
+_V_RESULTS_TABLES = """
+ALTER TABLE conveyor_jobs DROP CONSTRAINT conveyor_jobs_state_check;
+ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_state_check
+    CHECK (state IN ('pending', 'processing', 'dead', 'completed'));
+ALTER TABLE conveyor_jobs ADD COLUMN result bytea, ADD COLUMN completed_at float8;
+ALTER TABLE conveyor_queues ADD COLUMN completed_retention_s float8;
+ALTER TABLE conveyor_counts ADD COLUMN n_completed bigint NOT NULL DEFAULT 0;
+CREATE INDEX conveyor_jobs_completed ON conveyor_jobs (queue, completed_at, seq)
+    WHERE state = 'completed';
+CREATE TABLE conveyor_follows (
+    seq bigint NOT NULL,
+    broker text NOT NULL,
+    queue text,
+    state text,
+    result bytea,
+    error text,
+    PRIMARY KEY (seq, broker)
+);
+CREATE INDEX conveyor_follows_told ON conveyor_follows (broker) WHERE state IS NOT NULL;
+"""
+
+_V_RESULTS_DEATHS = """
+    IF EXISTS (SELECT 1 FROM conveyor_follows WHERE state IS NULL) THEN
+        UPDATE conveyor_follows f SET queue = n.queue, state = 'dead', error = n.last_error
+        FROM new_rows n JOIN old_rows o USING (seq)
+        WHERE f.seq = n.seq AND f.state IS NULL AND n.state = 'dead' AND o.state <> 'dead';
+        PERFORM pg_notify('conveyor', 'f:' || b.broker) FROM (
+            SELECT DISTINCT f.broker FROM conveyor_follows f JOIN new_rows n USING (seq)
+            WHERE f.state = 'dead' AND n.state = 'dead'
+        ) b;
+    END IF;
+    RETURN NULL;
+"""
+
+_V_RESULTS = (
+    _V_RESULTS_TABLES
+    + _changed(
+        _function(_V9_TRIGGERS, "conveyor_count_update"),
+        (
+            "n_processing, n_dead,\n        retried, dead, expired)",
+            "n_processing, n_dead,\n        n_completed, retried, dead, expired)",
+        ),
+        (
+            "SELECT d.queue, d.r, d.s, d.p, d.x, d.ret,",
+            "SELECT d.queue, d.r, d.s, d.p, d.x, d.c, d.ret,",
+        ),
+        (
+            " AS x,\n",
+            " AS x,\n"
+            "               sum((n.state = 'completed')::int\n"
+            "                   - (o.state = 'completed')::int) AS c,\n",
+        ),
+        (
+            "WHERE (d.r, d.s, d.p, d.x, d.ret, d.died) <> (0, 0, 0, 0, 0, 0);",
+            "WHERE (d.r, d.s, d.p, d.x, d.c, d.ret, d.died) <> (0, 0, 0, 0, 0, 0, 0);",
+        ),
+        ("    RETURN NULL;\n", _V_RESULTS_DEATHS),
+    ).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    + "\n"
+    + _changed(
+        _function(_V1, "conveyor_count_delete"),
+        ("n_processing, n_dead)", "n_processing, n_dead, n_completed)"),
+        (
+            "           -count(*) FILTER (WHERE state = 'dead')\n",
+            "           -count(*) FILTER (WHERE state = 'dead'),\n"
+            "           -count(*) FILTER (WHERE state = 'completed')\n",
+        ),
+    ).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    + "\n"
+)
+
+MIGRATIONS: tuple[str, ...] = (
+    _V1,
+    _V2,
+    _V3,
+    _V4,
+    _V5,
+    _V6,
+    _V7,
+    _V8,
+    _V9,
+    _V_SCHEDULES,
+    _V_RESULTS,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -46,6 +46,7 @@ from ._base import (
     Claim,
     Claimed,
     Enqueue,
+    Finished,
     JobList,
     Listener,
     Pending,
@@ -102,6 +103,8 @@ class LocalBackend:
             self.gate = self.commit_gate
         self._settling: set[asyncio.Future[None]] = set()
         self._listeners = Listeners()
+        # The callbacks following each live job (RES-5); the table watches the same ids.
+        self._followers: dict[str, list[Callable[[Finished], None]]] = {}
         self._timer: Handle | None = None
         self._timer_at: float | None = None
         self._rearm_soon = False
@@ -133,6 +136,8 @@ class LocalBackend:
         freed = self.table.take_freed()
         if freed:  # a slot of a limited queue came free: its waiting workers may claim
             self._listeners.work_waiting(frozenset(freed))
+        if self._followers:
+            self._tell_finished()
 
     def _fail(self, exc: StoreError) -> None:
         self.failed = exc
@@ -175,6 +180,8 @@ class LocalBackend:
             fired = self.table.fire_schedules()
             self.table.sweep_expired()
             self.gate.poke()
+            if self._followers:
+                self._tell_finished()
         self._arm_timer()
         if fired:
             self._listeners.work_waiting(frozenset(fired))
@@ -247,11 +254,57 @@ class LocalBackend:
                     return handle
         return None
 
-    def ack(self, leases: Sequence[tuple[str, str]]) -> Ready[list[bool]]:
+    def ack(
+        self,
+        leases: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> Ready[list[bool]]:
         self._check()
-        landed = self.table.ack_many(leases)
+        landed = self.table.ack_many(leases, results)
         self._changed()
         return Ready(landed)
+
+    def follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> Ready[list[Finished | None]]:
+        self._check()
+        table = self.table
+        known: list[Finished | None] = []
+        for job_id in ids:
+            found = table.watch(job_id)
+            if found is None:
+                self._followers.setdefault(job_id, []).append(on_finished)
+                known.append(None)
+            else:
+                known.append(Finished._make(found))
+        return Ready(known)
+
+    def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
+        followers = self._followers
+        for job_id in ids:
+            callbacks = followers.get(job_id)
+            if callbacks is None:
+                continue
+            try:
+                callbacks.remove(on_finished)
+            except ValueError:
+                continue
+            if not callbacks:
+                del followers[job_id]
+                self.table.unwatch(job_id)
+
+    def _tell_finished(self) -> None:
+        """Tell each follower of the followed jobs that finished (RES-5), once each."""
+        for finish in self.table.take_finished():
+            callbacks = self._followers.pop(finish.id, None)
+            if callbacks is None:
+                continue
+            told = Finished._make(finish)
+            for callback in callbacks:
+                try:
+                    callback(told)
+                except Exception:  # (a follower's bug must not undo the change told)
+                    log.exception("a follower of %s failed", finish.id)
 
     def report(self, reports: Sequence[Report]) -> Ready[list[bool | InvalidArgument]]:
         self._check()

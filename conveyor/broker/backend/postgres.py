@@ -92,6 +92,19 @@ the row afterwards finds it not due); a firing cut off commits nothing and leave
 tick to the next one. A set or a resume tells the other brokers the schedule's next tick
 ("s:" and the time), which they arm for at once; a pause or a delete tells them with no
 time, and they look up their earliest tick again.
+
+Results (RES-1 to RES-7). An ack stores each result with its job where the job's queue
+keeps finished jobs (state 'completed' until the leader's sweep lets it go), and deletes
+the job otherwise. Followers: a broker's follows are rows of ``conveyor_follows`` under
+its own random name; the statement that ends a followed job (an ack, a cancel, or any
+update to dead, by the jobs' trigger) writes that end into the row and notifies
+"f:<name>", and the broker then takes its ended rows in a call of its own and tells its
+followers (the poll does the same, while it has followers, for a notice missed). A
+follow holds the jobs' rows while it writes its follows (``FOR SHARE``); a statement
+that began before they were committed does not see them, so once committed a second look
+tells the followers of the jobs that ended meanwhile with no end written, from the table
+(as ``unknown`` for one deleted: what ended it is not known then). An end committed
+after that look by a statement begun before the follow committed is not told.
 """
 
 from __future__ import annotations
@@ -144,6 +157,7 @@ from ._base import (
     Claim,
     Claimed,
     Enqueue,
+    Finished,
     JobList,
     Listener,
     Report,
@@ -186,7 +200,7 @@ FAILED = "failed"
 _JOB_COLUMNS = (
     "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
     "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
-    "last_error, died_at, key, timeout_s, partition"
+    "last_error, died_at, key, timeout_s, partition, result, completed_at"
 )
 
 # Where a listed row (``_JOB_COLUMNS`` then its lease) has its lease: after the columns.
@@ -194,7 +208,7 @@ _LISTED_LEASE = len(_JOB_COLUMNS.split(", "))
 
 _QUEUE_OPTS = (
     "name, visibility_timeout_s, max_attempts, backoff_base_s, backoff_max_s, expires_s, "
-    "retention_s"
+    "retention_s, completed_retention_s"
 )
 
 _ADD_QUEUES = """
@@ -251,16 +265,41 @@ f AS (
     WHERE q.name IN (SELECT queue FROM d) AND q.flow_until > %(now)s
 )"""
 
+# The queues that keep their jobs once acked (RES-3): a hashed set, read once a statement
+# (and while no queue keeps any, the keeping branch is not run: a one-time EXISTS).
+_KEEPING = "SELECT name FROM conveyor_queues WHERE completed_retention_s IS NOT NULL"
+
+# An ack (RES-1): a valid lease's job is deleted, or kept completed with its result where
+# its queue keeps finished jobs. The followers of the acked jobs (RES-5) have their rows
+# written and their brokers told ("f:"); with no follow in the table, the follows are
+# not looked at (a one-time EXISTS). The notices' rows come last, as (NULL, '').
 _ACK = f"""
-WITH d AS (
-    DELETE FROM conveyor_jobs j USING unnest(%(seqs)s::bigint[], %(leases)s::text[])
-        AS u(seq, lease)
-    WHERE j.seq = u.seq AND {_VALID}
-    RETURNING j.seq, j.queue, j.lease
+WITH u AS (
+    SELECT * FROM unnest(%(seqs)s::bigint[], %(leases)s::text[], %(results)s::bytea[])
+        AS u(seq, lease, result)
+), d AS (
+    DELETE FROM conveyor_jobs j USING u
+    WHERE j.seq = u.seq AND {_VALID} AND j.queue NOT IN ({_KEEPING})
+    RETURNING j.seq, j.queue, u.lease, u.result
+), k AS (
+    UPDATE conveyor_jobs j SET state = 'completed', result = u.result,
+        completed_at = %(now)s, worker_id = NULL, lease = NULL, deadline = NULL, sched = false
+    FROM u
+    WHERE EXISTS ({_KEEPING}) AND j.seq = u.seq AND {_VALID} AND j.queue IN ({_KEEPING})
+    RETURNING j.seq, j.queue, u.lease, u.result
+), a AS (
+    SELECT * FROM d UNION ALL SELECT * FROM k
 ), t AS (
-    INSERT INTO conveyor_counts (queue, completed) SELECT queue, count(*) FROM d GROUP BY queue
-), {_FREED}
-SELECT seq, lease FROM d UNION ALL SELECT NULL, name FROM f
+    INSERT INTO conveyor_counts (queue, completed) SELECT queue, count(*) FROM a GROUP BY queue
+), fo AS (
+    UPDATE conveyor_follows fw SET queue = a.queue, state = 'completed', result = a.result
+    FROM a
+    WHERE fw.seq = a.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
+    RETURNING fw.broker
+), {_FREED.replace("FROM d)", "FROM a)")}
+SELECT seq, lease FROM a UNION ALL SELECT NULL, name FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
+    FROM (SELECT DISTINCT broker FROM fo) b
 """
 
 _HEARTBEAT = f"""
@@ -312,9 +351,55 @@ WITH d AS (
     RETURNING j.seq, j.queue, j.partition
 ), t AS (
     INSERT INTO conveyor_counts (queue, cancelled) SELECT queue, count(*) FROM d GROUP BY queue
+), fo AS (
+    UPDATE conveyor_follows fw SET queue = d.queue, state = 'cancelled'
+    FROM d
+    WHERE fw.seq = d.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
+    RETURNING fw.broker
 ), {_FREED}
 SELECT seq, pg_notify('conveyor', 'c:' || seq)::text, partition FROM d
 UNION ALL SELECT NULL, name, NULL FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text, NULL
+    FROM (SELECT DISTINCT broker FROM fo) b
+"""
+
+# Follow (RES-5, RES-6): each job as it stands, its row held until the follows are
+# written (an ack or a cancel of it waits for them); a live one is followed by this
+# broker from now on.
+_FOLLOW = """
+WITH j AS (
+    SELECT j.seq, j.queue, j.state, j.result, j.last_error FROM conveyor_jobs j
+    WHERE j.seq = ANY(%(seqs)s::bigint[]) FOR SHARE OF j
+), ins AS (
+    INSERT INTO conveyor_follows (seq, broker)
+    SELECT seq, %(me)s FROM j WHERE state IN ('pending', 'processing')
+    ON CONFLICT (seq, broker) DO NOTHING
+)
+SELECT seq, queue, state, result, last_error FROM j
+"""
+
+# The jobs this broker follows whose end its follow rows missed (RES-7): no longer live,
+# and no end written; their follows dropped.
+_MISSED = """
+WITH m AS (
+    DELETE FROM conveyor_follows fw
+    WHERE fw.broker = %(me)s AND fw.seq = ANY(%(seqs)s::bigint[]) AND fw.state IS NULL
+        AND NOT EXISTS (
+            SELECT 1 FROM conveyor_jobs j
+            WHERE j.seq = fw.seq AND j.state IN ('pending', 'processing')
+        )
+    RETURNING fw.seq
+)
+SELECT m.seq, j.queue, j.state, j.result, j.last_error
+FROM m LEFT JOIN conveyor_jobs j ON j.seq = m.seq
+"""
+
+_LIVE = ("pending", "processing")
+
+# What finished of the jobs this broker follows, taken.
+_TAKE_FINISHED = """
+DELETE FROM conveyor_follows WHERE broker = %s AND state IS NOT NULL
+RETURNING seq, queue, state, result, error
 """
 
 _REDRIVE = """
@@ -340,7 +425,8 @@ UPDATE conveyor_jobs SET state = 'dead', died_at = %(now)s, last_error = %(error
 """
 
 _SWEEP_EXPIRED = f"""
-WITH k AS ({_DEAD} WHERE state <> 'dead' AND expires_at <= %(now)s RETURNING 1)
+WITH k AS ({_DEAD} WHERE state <> 'dead' AND state <> 'completed' AND expires_at <= %(now)s
+    RETURNING 1)
 SELECT count(*) FROM k
 """
 
@@ -360,6 +446,19 @@ WITH k AS (
 SELECT count(*) FROM k
 """
 
+# The completed jobs past their retention (RES-3), queue by queue over
+# conveyor_jobs_completed (a queue that stopped keeping finished jobs lets go of those it
+# kept, as the engine's does).
+_SWEEP_COMPLETED = """
+WITH k AS (
+    DELETE FROM conveyor_jobs j USING conveyor_queues q
+    WHERE j.queue = q.name AND j.state = 'completed'
+        AND j.completed_at <= %(now)s - coalesce(q.completed_retention_s, 0)
+    RETURNING 1
+)
+SELECT count(*) FROM k
+"""
+
 _NEXT_EVENT = """
 SELECT least(
     (SELECT min(ready_at) FROM conveyor_jobs WHERE state = 'pending' AND ready_at > %(now)s),
@@ -368,13 +467,18 @@ SELECT least(
     (SELECT min(deadline) FROM conveyor_jobs
         WHERE state = 'processing' AND attempts >= max_attempts),
     (SELECT min(expires_at) FROM conveyor_jobs
-        WHERE expires_at IS NOT NULL AND state <> 'dead'),
+        WHERE expires_at IS NOT NULL AND state <> 'dead' AND state <> 'completed'),
     (SELECT min(d.first + q.retention_s) FROM conveyor_queues q
         CROSS JOIN LATERAL (
             SELECT min(j.died_at) AS first FROM conveyor_jobs j
             WHERE j.queue = q.name AND j.state = 'dead'
         ) d
-        WHERE q.retention_s IS NOT NULL)
+        WHERE q.retention_s IS NOT NULL),
+    (SELECT min(c.first + coalesce(q.completed_retention_s, 0)) FROM conveyor_queues q
+        CROSS JOIN LATERAL (
+            SELECT min(j.completed_at) AS first FROM conveyor_jobs j
+            WHERE j.queue = q.name AND j.state = 'completed'
+        ) c)
 )
 """
 
@@ -413,11 +517,16 @@ _LIST: dict[str, tuple[str, str, str]] = {
         "died_at DESC, seq DESC",
         "(died_at, seq) < (%(k0)s, %(k1)s)",
     ),
+    "completed": (
+        "state = 'completed'",
+        "completed_at DESC, seq DESC",
+        "(completed_at, seq) < (%(k0)s, %(k1)s)",
+    ),
 }
 
 _COUNTED = (
     "n_ready, n_scheduled, n_processing, n_dead, enqueued, completed, retried, dead, "
-    "expired, cancelled"
+    "expired, cancelled, n_completed"
 )
 _SUMS = ", ".join(f"sum({c})::bigint AS {c}" for c in _COUNTED.split(", "))
 
@@ -441,7 +550,7 @@ SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.e
     q.flow_until IS NOT NULL OR EXISTS (
         SELECT 1 FROM conveyor_jobs j
         WHERE j.queue = q.name AND j.partition <> '' AND j.due IS NOT NULL
-    ) AS flows
+    ) AS flows, s.n_completed
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
 WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
@@ -795,6 +904,13 @@ class PostgresBackend:
         # Each queue's options as last read, so that an enqueue need not read them again;
         # a change (set_queue, by any broker) is told on the channel ("q:" and the name).
         self._opts: dict[str, QueueOpts] = {}
+        # The followers of each job this broker follows (RES-5), its name in
+        # conveyor_follows and the notice that says one of them finished.
+        self._followers: dict[str, list[Callable[[Finished], None]]] = {}
+        self._follower_id = secrets.token_hex(8)
+        self._told_note = f"f:{self._follower_id}"
+        self._followed_any = False
+        self._side_tasks: set[asyncio.Task[None]] = set()
         # The hearing connection (see the module docstring); None while it is lost.
         self._hearing: Conn | None = None
         self._heard: asyncio.Task[None] | None = None
@@ -1161,6 +1277,10 @@ class PostgresBackend:
                 await self._poll(hearing)
 
     def _heard_note(self, note: psycopg.Notify) -> None:
+        if note.payload == self._told_note:
+            # A job this broker follows finished, here or on another broker (RES-7).
+            self._background(self._take_finished())
+            return
         if note.pid == self._own_pid:
             return  # this backend's own change: its call told the listeners
         kind, _, what = note.payload.partition(":")
@@ -1220,6 +1340,8 @@ class PostgresBackend:
         if self._snapshot is not None and snapshot != self._snapshot:
             self._listeners.work_waiting(None)
             self._refresh_timer()
+            if self._followers:  # (a notice missed while the hearing one was down)
+                self._background(self._take_finished())
         self._snapshot = snapshot
         if not self._closed and self.failed is None:
             self._poll_timer = self._scheduler.call_at(
@@ -1316,10 +1438,12 @@ class PostgresBackend:
                 (_SWEEP_EXPIRED, {"now": now, "error": EXPIRED}),
                 (_SWEEP_USED_UP, {"now": now, "error": MAX_ATTEMPTS_EXCEEDED}),
                 (_SWEEP_RETENTION, {"now": now}),
+                (_SWEEP_COMPLETED, {"now": now}),
             ):
                 cur = await conn.execute(statement, params)
                 row = await cur.fetchone()
                 counts.append(0 if row is None else int(row[0]))
+            counts[2] += counts.pop()  # (kept completed jobs let go count as purged)
             # The counters' deltas are folded here too, so that they stay few whether
             # or not anyone asks for stats.
             await self._fold(None)
@@ -1638,8 +1762,23 @@ class PostgresBackend:
     ) -> asyncio.Task[list[list[Claimed]]]:
         return self._spawn(self._claim(claims, round_robin))
 
-    def ack(self, leases: Sequence[tuple[str, str]]) -> asyncio.Task[list[bool]]:
-        return self._spawn(self._ack(leases))
+    def ack(
+        self,
+        leases: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> asyncio.Task[list[bool]]:
+        return self._spawn(self._ack(leases, results))
+
+    def follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> asyncio.Task[list[Finished | None]]:
+        return self._spawn(self._follow(ids, on_finished))
+
+    def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
+        gone = [job_id for job_id in ids if self._drop_follower(job_id, on_finished)]
+        seqs = [seq for job_id in gone if (seq := self._seq(job_id)) is not None]
+        if seqs and not self._closed and self.failed is None:
+            self._background(self._unfollow_rows(seqs))
 
     def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
         return self._spawn(self._report(reports))
@@ -2415,19 +2554,37 @@ class PostgresBackend:
         hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
         return [(job_id, lease) in hit for job_id, lease in leases], set(hit.values())
 
-    async def _ack(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
+    async def _ack(
+        self, leases: Sequence[tuple[str, str]], results: Sequence[bytes | None] | None
+    ) -> list[bool]:
         seqs, tokens = self._lease_batch(leases)
+        if results is None:
+            kept: list[bytes | None] = [None] * len(seqs)
+        else:
+            if len(results) != len(leases):
+                raise InvalidArgument("result", "must be one per lease")
+            for result in results:
+                if result is not None:
+                    guard.result(result, self._rules.max_payload_bytes)
+            # (The results of the leases _lease_batch kept, in its order.)
+            kept = [
+                result
+                for (job_id, lease), result in zip(leases, results, strict=True)
+                if self._seq(job_id) is not None and isinstance(lease, str)
+            ]
 
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
             cur = await self._conn.execute(
-                _ACK, {"now": now, "seqs": seqs, "leases": tokens}, prepare=False
+                _ACK,
+                {"now": now, "seqs": seqs, "leases": tokens, "results": kept},
+                prepare=False,
             )
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)  # (an ack only takes events away)
-        freed = frozenset(row[1] for row in rows if row[0] is None)
+        freed = frozenset(row[1] for row in rows if row[0] is None and row[1])
         if freed:
             self._listeners.work_waiting(freed)
         return _once({(self._id(row[0]), row[1]) for row in rows if row[0] is not None}, leases)
@@ -2599,13 +2756,142 @@ class PostgresBackend:
             return rows
 
         rows = await self._call(work, changes=False)  # (a cancel only takes events away)
-        freed = frozenset(row[1] for row in rows if row[0] is None)
+        freed = frozenset(row[1] for row in rows if row[0] is None and row[1])
         rows = [row for row in rows if row[0] is not None]
         if freed:
             self._listeners.work_waiting(freed)
         done = _once({self._id(row[0]) for row in rows}, ids)
         self._listeners.cancelled([job_id for job_id, ok in zip(ids, done, strict=True) if ok])
         return done
+
+    # -- following (RES-5 to RES-7) ----------------------------------------------------
+
+    async def _follow(
+        self, ids: Sequence[str], on_finished: Callable[[Finished], None]
+    ) -> list[Finished | None]:
+        seqs = sorted({seq for job_id in ids if (seq := self._seq(job_id)) is not None})
+        # Listed before the answer, so that a notice taken in the very next call finds
+        # them; those the answer shows finished or unknown are dropped again below.
+        for job_id in ids:
+            self._followers.setdefault(job_id, []).append(on_finished)
+        self._followed_any = True
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(
+                _FOLLOW, {"seqs": seqs, "me": self._follower_id}, prepare=False
+            )
+            return await cur.fetchall()
+
+        try:
+            rows = await self._call(work, changes=False)
+        except BaseException:
+            for job_id in ids:
+                self._drop_follower(job_id, on_finished)
+            raise
+        found = {self._id(row[0]): row for row in rows}
+        known: list[Finished | None] = []
+        for job_id in ids:
+            row = found.get(job_id) if isinstance(job_id, str) else None
+            if row is not None and row[2] in ("pending", "processing"):
+                known.append(None)
+                continue
+            self._drop_follower(job_id, on_finished)
+            if row is None:
+                known.append(Finished(job_id, "", "unknown", None, None))
+            elif row[2] == "completed":
+                result = None if row[3] is None else bytes(row[3])
+                known.append(Finished(job_id, row[1], "completed", result, None))
+            else:
+                known.append(Finished(job_id, row[1], "dead", None, row[4]))
+        live = [seq for seq in seqs if (row := found.get(self._id(seq))) and row[2] in _LIVE]
+        if live:
+            # A second look, once the follows are committed: a job that ended through a
+            # statement that began before they were (and so did not see them) is told
+            # from the table now (RES-7).
+            self._background(self._second_look(live))
+        return known
+
+    async def _second_look(self, seqs: list[int]) -> None:
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(
+                _MISSED, {"seqs": seqs, "me": self._follower_id}, prepare=False
+            )
+            return await cur.fetchall()
+
+        for seq, queue, state, result, error in await self._call(work, changes=False):
+            job_id = self._id(seq)
+            if state is None:  # gone, and what ended it not known: told as unknown
+                told = Finished(job_id, "", "unknown", None, None)
+            elif state == "completed":
+                told = Finished(
+                    job_id, queue, state, None if result is None else bytes(result), None
+                )
+            else:
+                told = Finished(job_id, queue, "dead", None, error)
+            for callback in self._followers.pop(job_id, ()):
+                try:
+                    callback(told)
+                except Exception:  # (a follower's bug must not stop the others)
+                    log.exception("a follower of %s failed", job_id)
+
+    def _drop_follower(self, job_id: str, on_finished: Callable[[Finished], None]) -> bool:
+        """Take ``on_finished`` off ``job_id``'s followers: whether none is left."""
+        callbacks = self._followers.get(job_id)
+        if callbacks is None or on_finished not in callbacks:
+            return False
+        callbacks.remove(on_finished)
+        if callbacks:
+            return False
+        del self._followers[job_id]
+        return True
+
+    async def _unfollow_rows(self, seqs: list[int]) -> None:
+        async def work(now: float) -> None:
+            await self._conn.execute(
+                "DELETE FROM conveyor_follows WHERE broker = %s AND seq = ANY(%s::bigint[])",
+                (self._follower_id, seqs),
+            )
+
+        await self._call(work, changes=False)
+
+    async def _take_finished(self) -> None:
+        """Take what finished of the jobs this broker follows, and tell their followers."""
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(_TAKE_FINISHED, (self._follower_id,))
+            return await cur.fetchall()
+
+        for seq, queue, state, result, error in await self._call(work, changes=False):
+            job_id = self._id(seq)
+            told = Finished(job_id, queue, state, None if result is None else bytes(result), error)
+            for callback in self._followers.pop(job_id, ()):
+                try:
+                    callback(told)
+                except Exception:  # (a follower's bug must not stop the others)
+                    log.exception("a follower of %s failed", job_id)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a call of its own, its failure logged (the backend's own
+        failure is reported by the backend)."""
+
+        async def run() -> None:
+            try:
+                await work
+            except StoreError:
+                pass  # (unavailable or failed: the backend says so itself)
+            except Exception:
+                log.exception("following: a call failed")
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
+
+    async def _drop_my_follows(self, now: float) -> None:
+        await self._conn.execute(
+            "DELETE FROM conveyor_follows WHERE broker = %s", (self._follower_id,)
+        )
 
     async def _get_jobs(self, ids: Sequence[str]) -> list[Job | None]:
         seqs = [seq for job_id in ids if (seq := self._seq(job_id)) is not None]
@@ -2645,6 +2931,8 @@ class PostgresBackend:
             key,
             timeout_s,
             partition,
+            result,
+            completed_at,
         ) = row
         return Job(
             id=self._id(seq),
@@ -2668,6 +2956,8 @@ class PostgresBackend:
             seq=seq,
             timeout_s=timeout_s,
             partition=partition or None,
+            result_json=None if result is None else bytes(result),
+            completed_at=completed_at,
         )
 
     async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
@@ -2681,7 +2971,8 @@ class PostgresBackend:
                     await self._conn.execute(
                         "UPDATE conveyor_queues SET visibility_timeout_s = %s, "
                         "max_attempts = %s, backoff_base_s = %s, backoff_max_s = %s, "
-                        "expires_s = %s, retention_s = %s WHERE name = %s",
+                        "expires_s = %s, retention_s = %s, completed_retention_s = %s "
+                        "WHERE name = %s",
                         (
                             checked.visibility_timeout_s,
                             checked.max_attempts,
@@ -2689,6 +2980,7 @@ class PostgresBackend:
                             checked.backoff_max_s,
                             checked.expires_s,
                             checked.dead_letter_retention_s,
+                            checked.completed_retention_s,
                             name,
                         ),
                     )
@@ -2811,6 +3103,7 @@ class PostgresBackend:
                 paused=row[5],
                 totals=QueueTotals(*(count or 0 for count in row[6:12])),
                 oldest_ready_at=row[12],
+                completed=row[14] or 0,
                 **(_flow_fields(flows[row[0]], now, row[1] or 0) if row[0] in flows else {}),
             )
             for row in rows
@@ -2929,6 +3222,11 @@ class PostgresBackend:
     async def close(self) -> None:
         if self._closed:
             return
+        if self._followed_any and self.failed is None:
+            # This broker's follows end with it: a row left behind would keep the
+            # follows' look-ups running for every ack.
+            with contextlib.suppress(Exception):
+                await self._call(self._drop_my_follows, changes=False)
         self._closed = True
         for timer in (self._timer, self._lead_timer, self._poll_timer, self._sched_timer):
             if timer is not None:
@@ -3032,11 +3330,13 @@ def _list_key(state: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
         return (row[11], row[0])
     if state == "processing":
         return (lease_number(row[_LISTED_LEASE]),)
+    if state == "completed":
+        return (row[21], row[0])  # completed_at, seq
     return (row[16], row[0])  # died_at, seq
 
 
 def _opts(row: tuple[Any, ...]) -> QueueOpts:
-    _, vis, attempts, base, cap, expires, retention = row
+    _, vis, attempts, base, cap, expires, retention, keep = row
     return QueueOpts(
         visibility_timeout_s=vis,
         max_attempts=attempts,
@@ -3044,6 +3344,7 @@ def _opts(row: tuple[Any, ...]) -> QueueOpts:
         backoff_max_s=cap,
         expires_s=expires,
         dead_letter_retention_s=retention,
+        completed_retention_s=keep,
     )
 
 

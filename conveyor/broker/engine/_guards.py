@@ -194,6 +194,7 @@ def check_opts(opts: object) -> QueueOpts:
         dead_letter_retention_s=optional(
             nonneg, "dead_letter_retention_s", opts.dead_letter_retention_s
         ),
+        completed_retention_s=optional(nonneg, "completed_retention_s", opts.completed_retention_s),
     )
 
 
@@ -245,6 +246,18 @@ def _check_json(value: object) -> None:
             stack.extend((v, depth + 1) for v in item)
         else:
             raise InvalidArgument("payload", f"must be strict JSON, holds a {type(item).__name__}")
+
+
+def result(data: object, limit: int) -> bytes:
+    """An ack's result: encoded JSON bytes (the broker's decoder checked it), at most
+    ``limit`` bytes, as a payload (RES-2)."""
+    if not isinstance(data, bytes):
+        raise InvalidArgument("result", "must be encoded JSON bytes")
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            "result", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"
+        )
+    return data
 
 
 def encode_payload(payload: object, limit: int) -> bytes:

@@ -20,6 +20,8 @@ strings). Each ``Queue`` keeps its rows in exactly one place per state:
 * ``_expiry``: a heap keyed ``(expires_at, seq)`` of live rows that can expire.
 * ``_dead``: dead rows in the order they died (the clock never goes backwards, so
   this is ``died_at`` order), which makes retention a walk from the front.
+* ``_completed``: acked rows a queue keeps (``completed_retention_s``, RES-3) in the
+  order they were acked, which makes their retention a walk from the front, as ``_dead``.
 * ``_exhausted``: lapsed rows whose attempts are used up. They sit in ``_ready`` so
   that a claim meets them in order, and here so that a sweep finds them without a scan.
 
@@ -27,6 +29,10 @@ Nothing moves on its own. Every public operation reads the injected clock once a
 first calls ``_advance(now)``, which moves matured scheduled rows and lapsed leases
 into ``_ready``, each exactly once (CST-2). Counters change with every transition, so
 ``stats()`` never walks rows (CST-4). Removal from a heap is lazy (see ``_heap``).
+
+A job followed (``watch``, RES-5) has its seq in ``_watched``; where a job finishes (an
+ack, a death, a delete of a live row) a ``Finish`` is queued for ``take_finished()`` when
+its seq is there. With nothing watched, the test is one truth test of an empty set.
 
 Schedules (SCH-1 on) are kept by ``_schedules.Schedules``, which the table's schedule
 methods call: un-paused ones in a heap by next tick, whose top ``next_event_at()`` reads
@@ -68,6 +74,7 @@ from ._types import (
 __all__ = [
     "LIST_STATES",
     "SEARCH_SCAN",
+    "Finish",
     "JobHandle",
     "JobTable",
     "Queue",
@@ -78,6 +85,7 @@ __all__ = [
 PENDING = JobState.PENDING
 PROCESSING = JobState.PROCESSING
 DEAD = JobState.DEAD
+COMPLETED = JobState.COMPLETED
 # Each state's stored text. ``state.value`` is an enum property, a call per read in
 # Python 3.11, and the journal reads one per changed row.
 _STATE_TEXT: dict[JobState | None, str] = {state: state.value for state in JobState}
@@ -91,7 +99,7 @@ FAILED = "failed"
 _MAX_EXPONENT = 1023
 
 #: The states ``Queue.list_jobs`` lists, as the wire names them (JOB-5).
-LIST_STATES = ("ready", "scheduled", "processing", "dead")
+LIST_STATES = ("ready", "scheduled", "processing", "dead", "completed")
 #: How many jobs a search looks at per ``list_jobs`` call, at most (LST-4).
 SEARCH_SCAN = 2000
 
@@ -99,6 +107,18 @@ SEARCH_SCAN = 2000
 def _wall_clock() -> float:
     """The default clock: wall-clock seconds since the epoch. Tests inject their own."""
     return datetime.now(UTC).timestamp()
+
+
+class Finish(NamedTuple):
+    """A followed job that finished (RES-5): ``state`` ``"completed"``, ``"dead"`` or
+    ``"cancelled"``; ``result`` the encoded JSON its ack stored; ``error`` its last
+    error when dead."""
+
+    id: str
+    queue: str
+    state: str
+    result: bytes | None
+    error: str | None
 
 
 class _Row:
@@ -114,6 +134,7 @@ class _Row:
         "attempts",
         "backoff_base_s",
         "backoff_max_s",
+        "completed_at",
         "deadline",
         "died_at",
         "enqueued_at",
@@ -127,6 +148,7 @@ class _Row:
         "priority",
         "queue",
         "ready_at",
+        "result",
         "seq",
         "state",
         "timeout_s",
@@ -172,6 +194,8 @@ class _Row:
         self.key = key
         self.timeout_s = timeout_s
         self.partition = partition
+        self.result: bytes | None = None
+        self.completed_at: float | None = None
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
@@ -257,9 +281,12 @@ class JobHandle:
             job = self._job = self._queue._table._snapshot(self._row, as_claimed)
         return job
 
-    def ack(self) -> bool:
-        """The job is done: it is deleted (HND-5)."""
-        return self._queue._ack(self._row, self.lease, self._queue._table._now())
+    def ack(self, result: bytes | None = None) -> bool:
+        """The job is done: it is deleted, or kept completed with ``result`` (the encoded
+        JSON) where its queue keeps finished jobs (HND-5, RES-1 to RES-3)."""
+        if result is not None:
+            guard.result(result, self._queue._table.max_payload_bytes)
+        return self._queue._ack(self._row, self.lease, self._queue._table._now(), result)
 
     def retry(self, error: str | None = None, delay_s: float | None = None) -> bool:
         """Back to pending after ``delay_s`` (or the backoff curve), or dead if used up
@@ -287,10 +314,12 @@ class Queue:
 
     __slots__ = (
         "_ages",
+        "_by_completion",
         "_by_death",
         "_by_due",
         "_by_ready",
         "_claims",
+        "_completed",
         "_dead",
         "_event_entry",
         "_exhausted",
@@ -324,6 +353,7 @@ class Queue:
         self._expiry = Heap("_exp_entry")
         self._exhausted: dict[int, _Row] = {}
         self._dead: OrderedDict[int, _Row] = OrderedDict()
+        self._completed: OrderedDict[int, _Row] = OrderedDict()
         self._keys: dict[str, _Row] = {}
         # The listing indexes (list_jobs): ready rows off the Fifo in claim order,
         # scheduled rows by due time, processing rows in claim order, dead rows by death.
@@ -331,6 +361,7 @@ class Queue:
         self._by_due = Ranked()  # (ready_at, seq, row)
         self._claims = Log()  # (lease number, row)
         self._by_death = Ranked()  # (died_at, seq, row)
+        self._by_completion = Ranked()  # (completed_at, seq, row)
         # Ready rows off the Fifo by ready time, for the oldest ready time (stats): the
         # claim order puts priority first, so it cannot tell.
         self._ages = Heap("_age_entry")  # (ready_at, seq, row)
@@ -709,11 +740,27 @@ class Queue:
             and now < row.deadline
         )
 
-    def _ack(self, row: _Row, lease: str, now: float) -> bool:
+    def _ack(self, row: _Row, lease: str, now: float, result: bytes | None = None) -> bool:
         if not self._valid(row, lease, now):
             return False
-        self._delete(row, now)
         self._totals[1] += 1
+        table = self._table
+        if table._watched and row.seq in table._watched:
+            table._finish(row, "completed", result, None)
+        if self._opts.completed_retention_s is None:
+            self._delete(row, now)
+            return True
+        # Kept, with its result, until its retention ends (RES-3); its key stays taken.
+        table._touch(row)
+        self._unlink(row, now)
+        if row._exp_entry is not None:
+            self._expiry.forget(row)
+        row.state = COMPLETED
+        row.completed_at = now
+        row.result = result
+        row.worker_id = row.lease = row.deadline = None
+        self._completed[row.seq] = row
+        self._by_completion.add((now, row.seq, row))
         return True
 
     def _retry(self, row: _Row, lease: str, error: object, delay_s: object) -> bool:
@@ -796,7 +843,7 @@ class Queue:
         now = self._table._now()
         for job_id, lease in items:
             row = self._row(job_id)
-            if row is not None and self._ack(row, lease, now):
+            if row is not None and self._ack(row, lease, now, None):
                 landed += 1
         return landed
 
@@ -884,6 +931,7 @@ class Queue:
         * ``processing``: the oldest claim first (the longest running); key
           ``(claim number,)``, the lease's count (JOB-2), which a heartbeat leaves alone.
         * ``dead``: the most recent death first; key ``(died_at, seq)``.
+        * ``completed``: the most recent ack first; key ``(completed_at, seq)`` (RES-3).
 
         ``search``: only jobs whose id or key equals it, or whose stored payload JSON
         contains it (as UTF-8 bytes); at most ``scan`` jobs are looked at per call, and
@@ -919,7 +967,8 @@ class Queue:
             key = _claim_key
         else:
             high = None if after is None else (after[0], after[1])
-            entries = self._by_death.to_key(high)
+            index = self._by_death if state == "dead" else self._by_completion
+            entries = index.to_key(high)
             key = _plain_key
         return self._page(entries, key, limit, search, scan)
 
@@ -1012,6 +1061,9 @@ class Queue:
         self._by_due = Ranked(self._scheduled.entries())
         self._claims.extend((lease_number(e[-1].lease), e[-1]) for e in self._leases.entries())
         self._by_death = Ranked((row.died_at, row.seq, row) for row in self._dead.values())
+        self._by_completion = Ranked(
+            (row.completed_at, row.seq, row) for row in self._completed.values()
+        )
 
     def purge_dead(self) -> int:
         """Delete every dead job of this queue; return how many (OPS-6)."""
@@ -1050,6 +1102,16 @@ class Queue:
                     break
                 self._delete(row, now)
                 purged += 1
+        keep = self._opts.completed_retention_s
+        completed = self._completed
+        # (A queue that stopped keeping finished jobs still lets go of those it kept.)
+        while completed:
+            row = next(iter(completed.values()))
+            assert row.completed_at is not None
+            if keep is not None and row.completed_at + keep > now:
+                break
+            self._delete(row, now)
+            purged += 1
         return SweepResult(expired, exhausted, purged)
 
     def stats(self) -> QueueStats:
@@ -1061,6 +1123,7 @@ class Queue:
             scheduled=self._n_scheduled,
             processing=self._n_processing,
             dead=len(self._dead),
+            completed=len(self._completed),
             paused=self._paused,
             totals=QueueTotals(*self._totals),
             oldest_ready_at=self._oldest_ready_at(),
@@ -1096,6 +1159,11 @@ class Queue:
             died_at = next(iter(self._dead.values())).died_at
             assert died_at is not None
             times.append(died_at + retention)
+        if self._completed:
+            completed_at = next(iter(self._completed.values())).completed_at
+            assert completed_at is not None
+            keep = self._opts.completed_retention_s
+            times.append(completed_at if keep is None else completed_at + keep)
         if self._exhausted:
             times.append(now)  # used-up lapsed rows wait for a sweep
         flow = self._flow
@@ -1234,6 +1302,8 @@ class Queue:
             self._table._leased.pop(row.lease, None)  # type: ignore[arg-type]
         elif state is DEAD:
             del self._dead[row.seq]
+        elif state is COMPLETED:
+            del self._completed[row.seq]
         if row.partition is not None and heap is not None and heap is not self._scheduled:
             part = self._flow.parts.get(row.partition)
             if part is not None and heap is part.ready and not part.ready:
@@ -1256,9 +1326,16 @@ class Queue:
         self._totals[3] += 1
         if error == EXPIRED:
             self._totals[4] += 1
+        table = self._table
+        if table._watched and row.seq in table._watched:
+            table._finish(row, "dead", None, error)
 
     def _delete(self, row: _Row, now: float) -> None:
         """Remove a row for good (ack, cancel, purge, retention)."""
+        table = self._table
+        if table._watched and row.seq in table._watched:
+            # A live row deleted: cancelled (a finished one told its follower already).
+            table._finish(row, "cancelled", None, None)
         self._table._touch(row)
         self._unlink(row, now)
         if row._exp_entry is not None:
@@ -1274,7 +1351,7 @@ _HEX_DIGITS = "0123456789abcdef"
 
 
 # Each listed state's key: "i" an int, "f" a number (see Queue.list_jobs).
-_KEY_KINDS = {"ready": "ifi", "scheduled": "fi", "processing": "i", "dead": "fi"}
+_KEY_KINDS = {"ready": "ifi", "scheduled": "fi", "processing": "i", "dead": "fi", "completed": "fi"}
 
 
 def _back_off_args(
@@ -1392,6 +1469,10 @@ class JobTable:
         self._freed: set[Queue] = set()
         # The schedules (SCH-1 on): their registry, heap of next ticks and journal.
         self._schedules = Schedules(self)
+        # The seqs of followed live jobs, and what finished of them since the last
+        # take_finished() (RES-5). Empty unless a broker has a follower.
+        self._watched: set[int] = set()
+        self._finished: list[Finish] = []
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -1521,22 +1602,81 @@ class JobTable:
                 out.append(exc)
         return out
 
-    def ack(self, job_id: str, lease: str) -> bool:
+    def ack(self, job_id: str, lease: str, result: bytes | None = None) -> bool:
+        if result is not None:
+            guard.result(result, self.max_payload_bytes)
         row = self._claimed(job_id, lease)
-        return row is not None and row.queue._ack(row, lease, self._now())
+        return row is not None and row.queue._ack(row, lease, self._now(), result)
 
-    def ack_many(self, pairs: Iterable[tuple[str, str]]) -> list[bool]:
+    # -- following (RES-5, RES-6) -----------------------------------------------------------
+
+    def watch(self, job_id: str) -> Finish | None:
+        """Follow ``job_id``: ``None`` for a live (pending or processing) job, which is
+        watched from now on (its end comes through ``take_finished()``); else what is
+        known already, not watched: a ``Finish`` for a job finished and kept (completed
+        or dead), or one of state ``"unknown"`` (queue ``""``) for an id with no job."""
+        row = self._lookup(job_id)
+        if row is None:
+            return Finish(job_id, "", "unknown", None, None)
+        state = row.state
+        if state is COMPLETED:
+            return Finish(job_id, row.queue.name, "completed", row.result, None)
+        if state is DEAD:
+            return Finish(job_id, row.queue.name, "dead", None, row.last_error)
+        self._watched.add(row.seq)
+        return None
+
+    def unwatch(self, job_id: str) -> None:
+        """Stop following ``job_id`` (nothing if it is not followed)."""
+        row = self._lookup(job_id)
+        if row is not None:
+            self._watched.discard(row.seq)
+
+    def take_finished(self) -> list[Finish]:
+        """The followed jobs that finished since the last call, in the order they did;
+        each is followed no more."""
+        finished = self._finished
+        if finished:
+            self._finished = []
+        return finished
+
+    def _finish(self, row: _Row, state: str, result: bytes | None, error: str | None) -> None:
+        self._watched.discard(row.seq)
+        self._finished.append(
+            Finish(self._format_id(row.seq), row.queue.name, state, result, error)
+        )
+
+    def ack_many(
+        self,
+        pairs: Sequence[tuple[str, str]],
+        results: Sequence[bytes | None] | None = None,
+    ) -> list[bool]:
         """``ack`` for each ``(job_id, lease)``, in order, all at one instant: the clock is
-        read once for the batch. Returns whether each landed."""
+        read once for the batch. Returns whether each landed. ``results[i]``: the
+        encoded JSON result of ``pairs[i]`` (``None``: none), stored only by an ack that
+        lands (RES-1). A result over ``max_payload_bytes`` raises ``InvalidArgument``
+        (field ``result``, RES-2) before any pair is acked."""
         now = self._now()
         lookup = self._lookup
         leased = self._leased
         landed = []
-        for job_id, lease in pairs:
-            # _claimed, inlined: this is the drain's hot loop.
+        if results is None:
+            for job_id, lease in pairs:
+                # _claimed, inlined: this is the drain's hot loop.
+                entry = leased.get(lease) if lease.__class__ is str else None
+                row = entry[1] if entry is not None and entry[0] == job_id else lookup(job_id)
+                landed.append(row is not None and row.queue._ack(row, lease, now))
+            return landed
+        if len(results) != len(pairs):
+            raise InvalidArgument("result", "must be one per lease")
+        limit = self.max_payload_bytes
+        for result in results:
+            if result is not None:
+                guard.result(result, limit)
+        for (job_id, lease), result in zip(pairs, results, strict=True):
             entry = leased.get(lease) if lease.__class__ is str else None
             row = entry[1] if entry is not None and entry[0] == job_id else lookup(job_id)
-            landed.append(row is not None and row.queue._ack(row, lease, now))
+            landed.append(row is not None and row.queue._ack(row, lease, now, result))
         return landed
 
     def retry(
@@ -1758,6 +1898,7 @@ class JobTable:
             queue._flow.set_limits(_limits_from_text(limits), table._now())
         now = table._now()
         dead: list[_Row] = []
+        completed: list[_Row] = []
         keyed: list[_Row] = []
         for values in rows:
             row = _row_from_tuple(table, values)
@@ -1767,6 +1908,9 @@ class JobTable:
                 queue._keys[row.key] = row
             if row.state is DEAD:
                 dead.append(row)
+                continue
+            if row.state is COMPLETED:
+                completed.append(row)
                 continue
             if row.expires_at is not None:
                 queue._expiry.append((row.expires_at, row.seq, row))
@@ -1791,6 +1935,9 @@ class JobTable:
         dead.sort(key=lambda r: (r.died_at, r.seq))
         for row in dead:
             row.queue._dead[row.seq] = row
+        completed.sort(key=lambda r: (r.completed_at, r.seq))
+        for row in completed:
+            row.queue._completed[row.seq] = row
         for queue in table._queues.values():
             for heap in (queue._ready, queue._scheduled, queue._leases):
                 heap.rebuild()
@@ -1899,6 +2046,8 @@ class JobTable:
             seq=row.seq,
             timeout_s=row.timeout_s,
             partition=row.partition,
+            result_json=row.result,
+            completed_at=row.completed_at,
         )
 
 
@@ -1925,6 +2074,8 @@ ROW_FIELDS = (
     "key",
     "timeout_s",
     "partition",
+    "result",
+    "completed_at",
 )
 
 #: The order of an update tuple: the fields a stored row's life changes, then its seq.
@@ -1938,6 +2089,8 @@ UPDATE_FIELDS = (
     "lease",
     "last_error",
     "died_at",
+    "result",
+    "completed_at",
     "seq",
 )
 
@@ -1998,6 +2151,8 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
         row.key,
         row.timeout_s,
         row.partition,
+        row.result,
+        row.completed_at,
     )
 
 
@@ -2013,6 +2168,8 @@ def _update_tuple(row: _Row) -> tuple[Any, ...]:
         row.lease,
         row.last_error,
         row.died_at,
+        row.result,
+        row.completed_at,
         row.seq,
     )
 
@@ -2054,6 +2211,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
         key,
         timeout_s,
         partition,
+        *finished,
     ) = values
     row = _Row(
         seq,
@@ -2078,6 +2236,9 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
     row.lease = lease
     row.last_error = last_error
     row.died_at = died_at
+    if finished:  # (tuples of stores written before results have no such fields)
+        result, row.completed_at = finished
+        row.result = None if result is None else bytes(result)
     if row.state is PROCESSING and (lease is None or deadline is None):
         raise ValueError(f"row {seq}: processing without a lease")
     return row

@@ -21,7 +21,8 @@ __all__ = [
 
 
 class JobState(StrEnum):
-    """Where a job stands. Acked and cancelled jobs are gone, so they have no state."""
+    """Where a job stands. Cancelled jobs, and acked jobs of a queue that keeps no finished
+    jobs, are gone, so they have no state."""
 
     # In by enqueue, a retry with attempts left, or a redrive; out by a claim, cancel or death.
     PENDING = "pending"
@@ -29,6 +30,9 @@ class JobState(StrEnum):
     PROCESSING = "processing"
     # In by fail, used-up attempts or expiry; out by redrive, purge, retention or cancel.
     DEAD = "dead"
+    # In by an ack of a valid lease on a queue that keeps finished jobs
+    # (``completed_retention_s``); out by its retention ending (sweep) or a cancel.
+    COMPLETED = "completed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,9 @@ class QueueOpts:
     backoff_max_s: float = 3600.0
     expires_s: float | None = None
     dead_letter_retention_s: float | None = None
+    # Seconds to keep a job once acked, with its result (RES-3); None: an acked job is
+    # deleted at once.
+    completed_retention_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +170,15 @@ class Job:
     timeout_s: float | None = None
     # The partition key the enqueue gave (flow control, FLW-3); None: not set.
     partition: str | None = None
+    # The result its ack stored, as encoded JSON (RES-1); None: none (or not acked).
+    result_json: bytes | None = None
+    # When the ack that completed it landed (RES-3); None: not completed.
+    completed_at: float | None = None
+
+    @property
+    def result(self) -> Any:
+        """The result as a JSON value (``None`` when none was stored)."""
+        return None if self.result_json is None else json.loads(self.result_json)
 
     @property
     def payload(self) -> Any:
@@ -208,6 +224,9 @@ class QueueStats:
     partitions: int = 0
     backoff_until: float | None = None
     limits: Limits = field(default_factory=Limits)
+    # Finished jobs kept with their results (state COMPLETED, RES-3); not a running
+    # total (that is ``totals.completed``).
+    completed: int = 0
 
     @property
     def pending(self) -> int:
@@ -215,12 +234,14 @@ class QueueStats:
 
     def count(self, state: str) -> int:
         """How many of the queue's jobs are in ``state``: ``ready``, ``scheduled``,
-        ``processing`` or ``dead`` (JOB-5). Raises ``KeyError`` for another name."""
+        ``processing``, ``dead`` or ``completed`` (JOB-5). Raises ``KeyError`` for another
+        name."""
         return {
             "ready": self.ready,
             "scheduled": self.scheduled,
             "processing": self.processing,
             "dead": self.dead,
+            "completed": self.completed,
         }[state]
 
 

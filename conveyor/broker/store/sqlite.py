@@ -198,8 +198,23 @@ CREATE TABLE schedules (
 );
 """
 
+# Version 6: results (docs/contract.md, RES-1 on): the result an ack stored, as JSON
+# bytes, and when the job completed; NULL for every job of an older file, none of which
+# was kept once acked.
+_SCHEMA_V6 = """
+ALTER TABLE jobs ADD COLUMN result BLOB;
+ALTER TABLE jobs ADD COLUMN completed_at REAL;
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
-_MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, _SCHEMA_V5)
+_MIGRATIONS: tuple[str, ...] = (
+    _SCHEMA_V1,
+    _SCHEMA_V2,
+    _SCHEMA_V3,
+    _SCHEMA_V4,
+    _SCHEMA_V5,
+    _SCHEMA_V6,
+)
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
 # keeps the WAL to some MB ("normal" restarts it less often, see _RESTART_FRAMES).
