@@ -1336,11 +1336,11 @@ class Queue:
         if table._watched and row.seq in table._watched:
             # A live row deleted: cancelled (a finished one told its follower already).
             table._finish(row, "cancelled", None, None)
-        self._table._touch(row)
+        table._touch(row)
         self._unlink(row, now)
         if row._exp_entry is not None:
             self._expiry.forget(row)
-        del self._table._rows[row.seq]
+        del table._rows[row.seq]
         if row.key is not None:
             del self._keys[row.key]
         row.state = None
