@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -19,17 +20,20 @@ class Told:
 
     def __init__(self) -> None:
         self.finished: list[Finished] = []
+        self._told = asyncio.Event()
 
     def __call__(self, finished: Finished) -> None:
         self.finished.append(finished)
+        self._told.set()
 
     async def wait(self, n: int = 1) -> list[Finished]:
         """What it was told, once it was told ``n`` things (a shared table's notices come
-        through the database: give them a moment)."""
-        for _ in range(500):
-            if len(self.finished) >= n:
-                break
-            await asyncio.sleep(0.01)
+        through the database, later than the call), or after 5 s whatever it was told."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                while len(self.finished) < n:
+                    self._told.clear()
+                    await self._told.wait()
         return self.finished
 
 
