@@ -619,13 +619,9 @@ SCHEDULE_FIELDS: Final = (
     Field("missed", Kind.STRING, default="once"),
     Field("max_catch_up", Kind.INTEGER, default=100),
     Field("paused", Kind.BOOLEAN, default=False),
-    Field("priority", Kind.INTEGER, default=0),
-    Field("max_attempts", Kind.INTEGER),
-    Field("visibility_timeout_s", Kind.NUMBER),
-    Field("expires_s", Kind.NUMBER),
-    Field("backoff_base_s", Kind.NUMBER),
-    Field("timeout_s", Kind.NUMBER),
-    Field("partition", Kind.STRING),
+    # The options of the job each tick makes: an enqueue's, but for those the tick
+    # decides (its time) and the schedule does (its key).
+    *(f for f in _JOB_OPTIONS if f.name not in {"delay_s", "run_at", "key"}),
 )
 #: What a schedule's info adds to its definition's fields (``list_schedules``).
 SCHEDULE_STATE_FIELDS: Final = (
