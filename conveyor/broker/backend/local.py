@@ -173,18 +173,15 @@ class LocalBackend:
         if self._closed or self.failed is not None:
             return
         at = self.table.next_event_at()
-        fired: list[str] = []
         if at is not None and at <= self._scheduler.now():
             # The ticks due make their jobs (SCH-3, SCH-4) in the journal that the next
-            # commit takes whole.
-            fired = self.table.fire_schedules()
+            # commit takes whole; the listeners hear of their queues below, with all.
+            self.table.fire_schedules()
             self.table.sweep_expired()
             self.gate.poke()
             if self._followers:
                 self._tell_finished()
         self._arm_timer()
-        if fired:
-            self._listeners.work_waiting(frozenset(fired))
         # Which queues gained claimable jobs is not known without asking each one.
         self._listeners.work_waiting(None)
 
