@@ -196,9 +196,9 @@ class Waits:
             reply: dict[str, Any] = {"id": waiter.job_id, "state": "unknown"}
         else:
             state = str(job.state)
-            result_json = getattr(job, "result_json", None)
-            error = job.last_error
-            reply = finished_result(Finished(job.id, job.queue, state, result_json, error))
+            reply = finished_result(
+                Finished(job.id, job.queue, state, job.result_json, job.last_error)
+            )
         self._send(ok_reply(waiter.rid, reply))
 
     def close(self) -> None:
