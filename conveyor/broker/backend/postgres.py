@@ -146,7 +146,7 @@ from ..engine import (
     lease_number,
 )
 from ..engine import _guards as guard
-from ..engine._schedule import check_timing, fire, next_tick, same_timing, tick_key
+from ..engine._schedule import check_timing, fire, next_tick, next_when_set, tick_key
 from ..engine._schedules import MAX_LIST_LIMIT
 from ..scheduler import Handle, Scheduler
 from ..store import StoreError
@@ -2093,12 +2093,12 @@ class PostgresBackend:
                 if kept is not None and kept[0].spec == spec and kept[1] == resolved[0]:
                     return kept[0]
                 await self._queues([spec.queue])
-                if spec.paused:
-                    next_at = None
-                elif old is not None and not old.spec.paused and same_timing(old.spec, spec):
-                    next_at = old.next_at
-                else:
-                    next_at = next_tick(spec, now)
+                next_at = next_when_set(
+                    None if old is None else old.spec,
+                    None if old is None else old.next_at,
+                    spec,
+                    now,
+                )
                 info = ScheduleInfo(
                     spec=spec,
                     next_at=next_at,

@@ -49,6 +49,7 @@ __all__ = [
     "check_timing",
     "fire",
     "next_tick",
+    "next_when_set",
     "same_timing",
     "tick_key",
 ]
@@ -206,6 +207,20 @@ def same_timing(a: ScheduleSpec, b: ScheduleSpec) -> bool:
         b.start_at,
         b.end_at,
     )
+
+
+def next_when_set(
+    old: ScheduleSpec | None, old_next: float | None, new: ScheduleSpec, now: float
+) -> float | None:
+    """The ``next_at`` of a schedule defined as ``new`` at ``now``, where ``old`` (with
+    its ``old_next``) was its definition before (``None``: a new schedule). SCH-5 and
+    SCH-6: a paused schedule has none; one that keeps a running definition's timing keeps
+    its next tick; any other fires next at its first tick after ``now``."""
+    if new.paused:
+        return None
+    if old is not None and not old.paused and same_timing(old, new):
+        return old_next
+    return next_tick(new, now)
 
 
 def _cron_after(spec: ScheduleSpec, after: float) -> float | None:

@@ -29,7 +29,14 @@ from sortedcontainers import SortedList
 from . import _guards as guard
 from ._errors import InvalidArgument
 from ._heap import Heap
-from ._schedule import ScheduleInfo, ScheduleSpec, check_timing, fire, next_tick, same_timing
+from ._schedule import (
+    ScheduleInfo,
+    ScheduleSpec,
+    check_timing,
+    fire,
+    next_tick,
+    next_when_set,
+)
 from ._schedule import tick_key as _tick_key
 from ._types import RawJSON
 
@@ -187,18 +194,13 @@ class Schedules:
             return old.info()
         self._table.queue(spec.queue)  # made now, as an enqueue would (journaled with it)
         if old is None:
+            next_at = next_when_set(None, None, spec, now)
             sched = _Sched(spec, payload, now)
             self._by_id[spec.id] = sched
             self._ids.add(spec.id)
-            next_at = None if spec.paused else next_tick(spec, now)
         else:
+            next_at = next_when_set(old.spec, old.next_at, spec, now)
             sched = old
-            was = old.spec
-            next_at = old.next_at
-            if spec.paused:
-                next_at = None
-            elif was.paused or not same_timing(was, spec):
-                next_at = next_tick(spec, now)
             sched.spec = spec
             sched.payload = payload
             sched.updated_at = now
