@@ -122,6 +122,11 @@ class Spread:
         for backend in self.backends:
             backend.unfollow(ids, on_finished)
 
+    def unwatch(self, ids: Sequence[str], on_event: Any) -> None:
+        """Unwatch on every backend, as ``unfollow``."""
+        for backend in self.backends:
+            backend.unwatch(ids, on_event)
+
     async def settle(self) -> None:
         for backend in self.backends:
             await backend.settle()

@@ -52,6 +52,7 @@ from ..engine import (
     QueueStats,
     ScheduleInfo,
     ScheduleSpec,
+    Step,
     SweepResult,
 )
 from ..store import StoreError
@@ -71,8 +72,11 @@ __all__ = [
     "Later",
     "Listener",
     "Pending",
+    "Progress",
     "Ready",
     "Report",
+    "Step",
+    "WatchEvent",
     "ready",
     "then",
     "unknown",
@@ -246,6 +250,19 @@ class Finished(NamedTuple):
     error: str | None
 
 
+class Progress(NamedTuple):
+    """A worker's progress on one lease (PRG-1): ``value_json`` the encoded JSON value."""
+
+    id: str
+    lease: str
+    value_json: bytes
+
+
+#: What ``watch`` tells of a watched job (PRG-5): a ``Step`` (progress, or a retry:
+#: the attempt ended and the job will run again), then its end, a ``Finished``.
+WatchEvent = Step | Finished
+
+
 def unknown(job_id: str) -> Finished:
     """What ``follow`` answers for a job it does not know (RES-6)."""
     return Finished(job_id, "", "unknown", None, None)
@@ -412,6 +429,29 @@ class Backend(Protocol):
     def unfollow(self, ids: Sequence[str], on_finished: Callable[[Finished], None]) -> None:
         """Stop telling ``on_finished`` of these jobs (ids it does not follow are
         ignored)."""
+        ...
+
+    def progress(self, items: Sequence[Progress]) -> Pending[list[bool | InvalidArgument]]:
+        """Store each item's value as its job's latest progress, on its own (PRG-1 to
+        PRG-3): whether it landed (only under a valid lease), or the ``InvalidArgument``
+        of a value over the cap (field ``progress``). Watchers of the job are told
+        (``watch``)."""
+        ...
+
+    def watch(
+        self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]
+    ) -> Pending[list[Job | Finished]]:
+        """From now on call ``on_event`` (on the event loop) with each step of each of
+        these jobs, then once with its end (a ``Finished``), after which it is watched
+        no more (PRG-5). The result, per id: the job as it stands when the watch began
+        (a ``Job``: watched), or a ``Finished`` for a job finished and kept (completed
+        or dead) or ``unknown(id)`` for an id with no job (PRG-7), not watched. Steps
+        may be coalesced: of progress values reported in a row, a watcher may be told
+        only the latest (PRG-6)."""
+        ...
+
+    def unwatch(self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]) -> None:
+        """Stop telling ``on_event`` of these jobs (ids it does not watch are ignored)."""
         ...
 
     def report(self, reports: Sequence[Report]) -> Pending[list[bool | InvalidArgument]]:

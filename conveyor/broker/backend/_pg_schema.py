@@ -1634,6 +1634,17 @@ _V_RESULTS = (
     + "\n"
 )
 
+# Progress (docs/contract.md, PRG-1 on): the latest progress a lease holder reported,
+# kept in the job's row. A broker's row names the follower id its follows are written
+# under, so that when the row of a broker that stopped announcing is cleared, its
+# follows go with it (a crashed broker's follows would otherwise stay, and every ack pay
+# for looking at them).
+_V_PROGRESS = """
+ALTER TABLE conveyor_jobs ADD COLUMN progress bytea;
+ALTER TABLE conveyor_brokers ADD COLUMN follower text;
+CREATE INDEX conveyor_follows_broker ON conveyor_follows (broker);
+"""
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2,
@@ -1646,6 +1657,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V9,
     _V_SCHEDULES,
     _V_RESULTS,
+    _V_PROGRESS,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

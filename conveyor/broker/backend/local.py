@@ -50,8 +50,11 @@ from ._base import (
     JobList,
     Listener,
     Pending,
+    Progress,
     Ready,
     Report,
+    WatchEvent,
+    unknown,
 )
 from ._listeners import Listeners
 
@@ -105,6 +108,8 @@ class LocalBackend:
         self._listeners = Listeners()
         # The callbacks following each live job (RES-5); the table watches the same ids.
         self._followers: dict[str, list[Callable[[Finished], None]]] = {}
+        # The callbacks watching each live job (PRG-5): its steps, then its end.
+        self._watchers: dict[str, list[Callable[[WatchEvent], None]]] = {}
         self._timer: Handle | None = None
         self._timer_at: float | None = None
         self._rearm_soon = False
@@ -136,7 +141,9 @@ class LocalBackend:
         freed = self.table.take_freed()
         if freed:  # a slot of a limited queue came free: its waiting workers may claim
             self._listeners.work_waiting(frozenset(freed))
-        if self._followers:
+        if self._watchers:
+            self._tell_steps()
+        if self._followers or self._watchers:
             self._tell_finished()
 
     def _fail(self, exc: StoreError) -> None:
@@ -179,7 +186,9 @@ class LocalBackend:
             self.table.fire_schedules()
             self.table.sweep_expired()
             self.gate.poke()
-            if self._followers:
+            if self._watchers:
+                self._tell_steps()
+            if self._followers or self._watchers:
                 self._tell_finished()
         self._arm_timer()
         # Which queues gained claimable jobs is not known without asking each one.
@@ -288,12 +297,17 @@ class LocalBackend:
                 continue
             if not callbacks:
                 del followers[job_id]
-                self.table.unwatch(job_id)
+                if job_id not in self._watchers:
+                    self.table.unwatch(job_id)
 
     def _tell_finished(self) -> None:
-        """Tell each follower of the followed jobs that finished (RES-5), once each."""
+        """Tell each follower and watcher of the followed jobs that finished (RES-5,
+        PRG-5), once each."""
         for finish in self.table.take_finished():
-            callbacks = self._followers.pop(finish.id, None)
+            callbacks: list[Callable[[Any], None]] | None = self._followers.pop(finish.id, None)
+            watchers = self._watchers.pop(finish.id, None)
+            if watchers is not None:
+                callbacks = watchers if callbacks is None else [*callbacks, *watchers]
             if callbacks is None:
                 continue
             told = Finished._make(finish)
@@ -302,6 +316,57 @@ class LocalBackend:
                     callback(told)
                 except Exception:  # (a follower's bug must not undo the change told)
                     log.exception("a follower of %s failed", finish.id)
+
+    def progress(self, items: Sequence[Progress]) -> Ready[list[bool | InvalidArgument]]:
+        self._check()
+        answers = self.table.progress_many(items)
+        self._changed()
+        return Ready(answers)
+
+    def watch(
+        self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]
+    ) -> Ready[list[Job | Finished]]:
+        self._check()
+        table = self.table
+        known: list[Job | Finished] = []
+        for job_id in ids:
+            job = table.observe(job_id)
+            if job is None:
+                known.append(unknown(job_id))
+            elif job.state == "completed":
+                known.append(Finished(job_id, job.queue, "completed", job.result_json, None))
+            elif job.state == "dead":
+                known.append(Finished(job_id, job.queue, "dead", None, job.last_error))
+            else:
+                self._watchers.setdefault(job_id, []).append(on_event)
+                known.append(job)
+        return Ready(known)
+
+    def unwatch(self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]) -> None:
+        watchers = self._watchers
+        for job_id in ids:
+            callbacks = watchers.get(job_id)
+            if callbacks is None:
+                continue
+            try:
+                callbacks.remove(on_event)
+            except ValueError:
+                continue
+            if not callbacks:
+                del watchers[job_id]
+                self.table.unobserve(job_id)
+                if job_id not in self._followers:
+                    self.table.unwatch(job_id)
+
+    def _tell_steps(self) -> None:
+        """Tell each watcher of the steps its jobs made (PRG-5), in order."""
+        watchers = self._watchers
+        for step in self.table.take_steps():
+            for callback in watchers.get(step.id, ()):
+                try:
+                    callback(step)
+                except Exception:  # (a watcher's bug must not undo the change told)
+                    log.exception("a watcher of %s failed", step.id)
 
     def report(self, reports: Sequence[Report]) -> Ready[list[bool | InvalidArgument]]:
         self._check()

@@ -128,6 +128,7 @@ from psycopg.types.json import Jsonb
 from ..egress import IMMEDIATE, Gate
 from ..engine import (
     LIST_STATES,
+    MAX_PROGRESS_BYTES,
     SEARCH_SCAN,
     InvalidArgument,
     Job,
@@ -160,7 +161,11 @@ from ._base import (
     Finished,
     JobList,
     Listener,
+    Progress,
     Report,
+    Step,
+    WatchEvent,
+    unknown,
 )
 from ._listeners import Listeners
 from ._pg_conn import Conn, Unavailable, close_quietly, connect, unavailable, why
@@ -200,7 +205,7 @@ FAILED = "failed"
 _JOB_COLUMNS = (
     "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
     "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
-    "last_error, died_at, key, timeout_s, partition, result, completed_at"
+    "last_error, died_at, key, timeout_s, partition, result, completed_at, progress"
 )
 
 # Where a listed row (``_JOB_COLUMNS`` then its lease) has its lease: after the columns.
@@ -321,10 +326,14 @@ RETURNING j.seq, j.lease, j.queue
 # statement's own upsert is not visible to its SELECT: the others' rows are.)
 _ANNOUNCE = """
 WITH up AS (
-    INSERT INTO conveyor_brokers (id, info, seen_at) VALUES (%(me)s, %(info)s, %(now)s)
-    ON CONFLICT (id) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at
+    INSERT INTO conveyor_brokers (id, info, seen_at, follower)
+    VALUES (%(me)s, %(info)s, %(now)s, %(follower)s)
+    ON CONFLICT (id) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at,
+        follower = excluded.follower
 ), gone AS (
-    DELETE FROM conveyor_brokers WHERE seen_at < %(now)s - 60
+    DELETE FROM conveyor_brokers WHERE seen_at < %(now)s - 60 RETURNING follower
+), pruned AS (
+    DELETE FROM conveyor_follows fw USING gone g WHERE fw.broker = g.follower
 )
 SELECT info FROM conveyor_brokers
 WHERE id <> %(me)s AND seen_at >= %(now)s - %(ttl)s AND seen_at <= %(now)s + %(ttl)s
@@ -383,6 +392,35 @@ WITH d AS (
 SELECT seq, lease FROM d UNION ALL SELECT NULL, name FROM f
 UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
     FROM (SELECT DISTINCT broker FROM fo) b
+"""
+
+# Progress (PRG-1, PRG-2): each valid lease's job takes its latest value; the brokers
+# following one of them (a watch follows its job) are told "g:<broker>:<seq>:p" and read
+# it (PRG-8). The notices' rows come last, as (NULL, NULL).
+_PROGRESS = f"""
+WITH p AS (
+    UPDATE conveyor_jobs j SET progress = u.progress
+    FROM unnest(%(seqs)s::bigint[], %(leases)s::text[], %(values)s::bytea[])
+        AS u(seq, lease, progress)
+    WHERE j.seq = u.seq AND {_VALID}
+    RETURNING j.seq, j.attempts
+)
+SELECT seq, attempts, NULL::text FROM p
+UNION ALL SELECT NULL, NULL, pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':p')::text
+    FROM conveyor_follows fw JOIN p ON fw.seq = p.seq
+    WHERE fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
+"""
+
+# A retry's followers (PRG-5) told "g:<broker>:<seq>:r", in the report's transaction.
+_RETRIED = """
+SELECT pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':r')
+FROM conveyor_follows fw WHERE fw.seq = ANY(%s::bigint[]) AND fw.state IS NULL
+"""
+
+# What a broker reads of jobs whose steps it was told of (PRG-8).
+_STEPPED = """
+SELECT seq, state, attempts, progress, last_error FROM conveyor_jobs
+WHERE seq = ANY(%s::bigint[])
 """
 
 # Follow (RES-5, RES-6): each job as it stands, its row held until the follows are
@@ -932,6 +970,12 @@ class PostgresBackend:
         self._follower_id = secrets.token_hex(8)
         self._told_note = f"f:{self._follower_id}"
         self._followed_any = False
+        # The callbacks watching each job (PRG-5): each is one of its followers too (its
+        # end comes as any follower's); its steps come here. The jobs whose steps a
+        # notice told of, and what kind ("p", "r"), to be read in one call.
+        self._watchers: dict[str, list[Callable[[WatchEvent], None]]] = {}
+        self._stepped: dict[int, set[str]] = {}
+        self._reading_steps = False
         # Whether some queue keeps its jobs once acked (RES-3), as last read; None: read
         # it at the next ack (a change of any queue's options, here or told, clears it).
         self._keeping: bool | None = None
@@ -1310,6 +1354,16 @@ class PostgresBackend:
         if note.pid == self._own_pid:
             return  # this backend's own change: its call told the listeners
         kind, _, what = note.payload.partition(":")
+        if kind == "g":
+            # A job this broker follows made a step on another broker (PRG-8).
+            broker, _, rest = what.partition(":")
+            seq_text, _, step = rest.partition(":")
+            if broker == self._follower_id and seq_text.isascii() and seq_text.isdigit():
+                self._stepped.setdefault(int(seq_text), set()).add(step)
+                if not self._reading_steps:
+                    self._reading_steps = True
+                    self._background(self._read_steps())
+            return
         if kind == "w":
             # (A timed event it brought is told as "t:"; one from a retry's delay or an
             # enqueue in an application's transaction is found by the poll.)
@@ -1806,6 +1860,23 @@ class PostgresBackend:
         seqs = [seq for job_id in gone if (seq := self._seq(job_id)) is not None]
         if seqs and not self._closed and self.failed is None:
             self._background(self._unfollow_rows(seqs))
+
+    def progress(self, items: Sequence[Progress]) -> asyncio.Task[list[bool | InvalidArgument]]:
+        return self._spawn(self._progress(items))
+
+    def watch(
+        self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]
+    ) -> asyncio.Task[list[Job | Finished]]:
+        return self._spawn(self._watch(ids, on_event))
+
+    def unwatch(self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]) -> None:
+        for job_id in ids:
+            callbacks = self._watchers.get(job_id)
+            if callbacks is not None and on_event in callbacks:
+                callbacks.remove(on_event)
+                if not callbacks:
+                    del self._watchers[job_id]
+        self.unfollow(ids, on_event)
 
     def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
         return self._spawn(self._report(reports))
@@ -2642,11 +2713,14 @@ class PostgresBackend:
             }
         )
         requeued: set[str] = set()
+        # The retried jobs that will run again: (seq, attempt, error) (PRG-5).
+        retried: list[tuple[int, int, str | None]] = []
 
         async def work(now: float) -> list[bool | InvalidArgument]:
             conn = self._conn
             results: list[bool | InvalidArgument] = []
             died: set[str] = set()
+            retried.clear()
             async with conn.transaction():
                 rows: dict[int, list[Any]] = {}
                 if seqs:
@@ -2680,6 +2754,7 @@ class PostgresBackend:
                             last = text if text is not None else row[9]
                             ready_at = now + delay
                             update = ["pending", ready_at, last, None, ready_at > now]
+                            retried.append((row[0], row[5], text))
                     else:
                         update = ["dead", None, text or FAILED, now, False]
                     changed[row[0]] = update
@@ -2696,6 +2771,8 @@ class PostgresBackend:
                         for column, value in zip(cols[1:], update, strict=True):
                             column.append(value)
                     await conn.execute(_SETTLE_REPORTS, cols, prepare=False)
+                if retried:  # their watchers on other brokers are told (PRG-8)
+                    await conn.execute(_RETRIED, ([seq for seq, _, _ in retried],))
                 if died:
                     # A death frees a slot too (FLW-2); a retry is told by the trigger.
                     cur = await conn.execute(
@@ -2708,6 +2785,9 @@ class PostgresBackend:
 
         results = await self._call(work, changes=True)
         self._listeners.work_waiting(frozenset(requeued))
+        if self._watchers:
+            for seq, attempt, error in retried:
+                self._tell_step(Step(self._id(seq), "retry", attempt, None, "failed", error))
         return results
 
     async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
@@ -2733,7 +2813,13 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             cur = await self._conn.execute(
                 _ANNOUNCE,
-                {"me": broker_id, "info": Jsonb(info), "now": now, "ttl": ttl_s},
+                {
+                    "me": broker_id,
+                    "info": Jsonb(info),
+                    "now": now,
+                    "ttl": ttl_s,
+                    "follower": self._follower_id,
+                },
             )
             return await cur.fetchall()
 
@@ -2844,6 +2930,128 @@ class PostgresBackend:
             # from the table now (RES-7).
             self._background(self._second_look(live))
         return known
+
+    # -- progress and watching (PRG-1 on) ----------------------------------------------
+
+    async def _progress(self, items: Sequence[Progress]) -> list[bool | InvalidArgument]:
+        limit = min(MAX_PROGRESS_BYTES, self._rules.max_payload_bytes)
+        answers: list[bool | InvalidArgument] = []
+        # The latest value of each (seq, lease): a batch's earlier one is replaced (PRG-2).
+        latest: dict[tuple[int, str], bytes] = {}
+        for item in items:
+            try:
+                guard.progress(item.value_json, limit)
+            except InvalidArgument as exc:
+                answers.append(exc)
+                continue
+            answers.append(False)
+            seq = self._seq(item.id)
+            if seq is not None:
+                latest[(seq, item.lease)] = item.value_json
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not latest:
+                return []
+            keys = list(latest)
+            cur = await self._conn.execute(
+                _PROGRESS,
+                {
+                    "seqs": [key[0] for key in keys],
+                    "leases": [key[1] for key in keys],
+                    "values": list(latest.values()),
+                    "now": now,
+                },
+                prepare=False,
+            )
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=True)
+        landed = {seq: attempts for seq, attempts, _ in rows if seq is not None}
+        for i, item in enumerate(items):
+            if answers[i] is False and self._seq(item.id) in landed:
+                answers[i] = True
+        watchers = self._watchers
+        if watchers:
+            for (seq, _lease), value in latest.items():
+                attempts = landed.get(seq)
+                if attempts is not None:
+                    self._tell_step(Step(self._id(seq), "progress", attempts, value))
+        return answers
+
+    def _tell_step(self, step: Step) -> None:
+        """Tell the watchers of ``step``'s job (those still following it)."""
+        callbacks = self._watchers.get(step.id)
+        if not callbacks:
+            return
+        following = self._followers.get(step.id, ())
+        for callback in list(callbacks):
+            if callback not in following:  # (its end was told: watched no more)
+                callbacks.remove(callback)
+                continue
+            try:
+                callback(step)
+            except Exception:  # (a watcher's bug must not stop the others)
+                log.exception("a watcher of %s failed", step.id)
+        if not callbacks:
+            del self._watchers[step.id]
+
+    async def _read_steps(self) -> None:
+        """Read the jobs whose steps notices told of, and tell their watchers (PRG-8):
+        one call for every notice heard meanwhile; progress read is the latest."""
+        try:
+            while self._stepped:
+                stepped, self._stepped = self._stepped, {}
+                seqs = sorted(seq for seq in stepped if self._id(seq) in self._watchers)
+                if not seqs:
+                    continue
+
+                async def work(now: float, seqs: list[int] = seqs) -> list[tuple[Any, ...]]:
+                    cur = await self._conn.execute(_STEPPED, (seqs,))
+                    return await cur.fetchall()
+
+                for seq, state, attempts, progress, last_error in await self._call(
+                    work, changes=False
+                ):
+                    job_id = self._id(seq)
+                    kinds = stepped.get(seq, set())
+                    if "r" in kinds and state == "pending":
+                        self._tell_step(Step(job_id, "retry", attempts, None, "failed", last_error))
+                    if "p" in kinds and progress is not None:
+                        self._tell_step(Step(job_id, "progress", attempts, bytes(progress)))
+        finally:
+            self._reading_steps = False
+
+    async def _watch(
+        self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]
+    ) -> list[Job | Finished]:
+        # The jobs as they stand are read first, then followed: a job that ends between
+        # the two is told by the follow (as finished) or through it (its end to come). A
+        # step made between them is not told, but a later one carries the latest value.
+        # Listed before the follow, so that a step told meanwhile finds them.
+        for job_id in ids:
+            self._watchers.setdefault(job_id, []).append(on_event)
+        try:
+            jobs = await self._get_jobs(ids)
+            known = await self._follow(ids, on_event)
+        except BaseException:
+            self.unwatch(ids, on_event)
+            raise
+        out: list[Job | Finished] = []
+        for job_id, job, finished in zip(ids, jobs, known, strict=True):
+            if finished is None and job is None:  # (no job there first: not watched)
+                self.unwatch([job_id], on_event)
+                finished = unknown(job_id)
+            if finished is not None:
+                callbacks = self._watchers.get(job_id)
+                if callbacks is not None and on_event in callbacks:
+                    callbacks.remove(on_event)
+                    if not callbacks:
+                        del self._watchers[job_id]
+                out.append(finished)
+                continue
+            assert job is not None
+            out.append(job)
+        return out
 
     async def _second_look(self, seqs: list[int]) -> None:
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -2965,6 +3173,7 @@ class PostgresBackend:
             partition,
             result,
             completed_at,
+            progress,
         ) = row
         return Job(
             id=self._id(seq),
@@ -2990,6 +3199,7 @@ class PostgresBackend:
             partition=partition or None,
             result_json=None if result is None else bytes(result),
             completed_at=completed_at,
+            progress_json=None if progress is None else bytes(progress),
         )
 
     async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:

@@ -29,6 +29,7 @@ from ._schedules import SCHEDULE_FIELDS
 from ._table import (
     CLAIM_FIELDS,
     LIST_STATES,
+    MAX_PROGRESS_BYTES,
     QUEUE_FIELDS,
     ROW_FIELDS,
     SEARCH_SCAN,
@@ -38,6 +39,7 @@ from ._table import (
     JobHandle,
     JobTable,
     Queue,
+    Step,
     check_list_key,
     lease_number,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "CLAIM_FIELDS",
     "LIMIT_FIELDS",
     "LIST_STATES",
+    "MAX_PROGRESS_BYTES",
     "MISSED_GRACE_S",
     "MISSED_POLICIES",
     "QUEUE_FIELDS",
@@ -82,6 +85,7 @@ __all__ = [
     "RawJSON",
     "ScheduleInfo",
     "ScheduleSpec",
+    "Step",
     "SweepResult",
     "check_list_key",
     "check_queue_name",

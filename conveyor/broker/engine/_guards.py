@@ -260,6 +260,18 @@ def result(data: object, limit: int) -> bytes:
     return data
 
 
+def progress(data: object, limit: int) -> bytes:
+    """A progress report's value: encoded JSON bytes (the broker's decoder checked it),
+    at most ``limit`` bytes (PRG-3)."""
+    if not isinstance(data, bytes):
+        raise InvalidArgument("progress", "must be encoded JSON bytes")
+    if len(data) > limit:
+        raise PayloadTooLarge(
+            "progress", f"is {len(data)} bytes encoded, over the limit of {limit} bytes"
+        )
+    return data
+
+
 def encode_payload(payload: object, limit: int) -> bytes:
     """The payload as compact UTF-8 JSON bytes, at most ``limit`` bytes long (ENQ-9)."""
     if isinstance(payload, RawJSON):

@@ -73,11 +73,13 @@ from ._types import (
 
 __all__ = [
     "LIST_STATES",
+    "MAX_PROGRESS_BYTES",
     "SEARCH_SCAN",
     "Finish",
     "JobHandle",
     "JobTable",
     "Queue",
+    "Step",
     "check_list_key",
     "lease_number",
 ]
@@ -121,6 +123,26 @@ class Finish(NamedTuple):
     error: str | None
 
 
+class Step(NamedTuple):
+    """What a watched job did short of finishing (PRG-5): ``kind`` ``"progress"`` (its
+    lease holder reported ``progress``, encoded JSON), or ``"retry"`` (the attempt
+    ``attempt`` ended and the job will run again: ``reason`` ``"failed"`` for a worker's
+    retry, with its ``error``; ``"lapsed"`` for a lease that ran out; ``"backed_off"``
+    for a worker's back-off, which does not count as an attempt)."""
+
+    id: str
+    kind: str
+    attempt: int
+    progress: bytes | None = None
+    reason: str | None = None
+    error: str | None = None
+
+
+#: The most encoded bytes one progress value may have (PRG-3), or the table's
+#: ``max_payload_bytes`` when that is smaller.
+MAX_PROGRESS_BYTES = 64 * 1024
+
+
 class _Row:
     """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
 
@@ -146,6 +168,7 @@ class _Row:
         "partition",
         "payload",
         "priority",
+        "progress",
         "queue",
         "ready_at",
         "result",
@@ -196,6 +219,7 @@ class _Row:
         self.partition = partition
         self.result: bytes | None = None
         self.completed_at: float | None = None
+        self.progress: bytes | None = None
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
@@ -782,6 +806,9 @@ class Queue:
         row.ready_at = now + delay
         self._place_pending(row, now)
         self._totals[2] += 1
+        table = self._table
+        if table._observed and row.seq in table._observed:
+            table._step(row, "failed", text)
         return True
 
     def _backoff(self, row: _Row) -> float:
@@ -813,7 +840,10 @@ class Queue:
         row.attempts -= 1  # the claim did not count (FLW-6)
         row.worker_id = row.lease = row.deadline = None
         self._place_pending(row, now)  # (its ready time is past: back to its place)
-        self._table._timing_dirty.add(self)
+        table = self._table
+        table._timing_dirty.add(self)
+        if table._observed and row.seq in table._observed:
+            table._step(row, "backed_off", None)
         return True
 
     def _heartbeat(self, row: _Row, lease: str) -> bool:
@@ -1272,6 +1302,10 @@ class Queue:
                 self._file_keyed(row, lapsed, now)
             if row.attempts >= row.max_attempts:
                 self._exhausted[row.seq] = row
+            else:
+                table = self._table
+                if table._observed and row.seq in table._observed:
+                    table._step(row, "lapsed", None)
         flow = self._flow
         if flow.waking or flow.until != _NEVER:
             flow.wake(now)
@@ -1473,6 +1507,13 @@ class JobTable:
         # take_finished() (RES-5). Empty unless a broker has a follower.
         self._watched: set[int] = set()
         self._finished: list[Finish] = []
+        # The seqs of live jobs watched for their steps too (progress, retries: PRG-5),
+        # each also in _watched for its end; their steps since the last take_steps().
+        self._observed: set[int] = set()
+        self._steps: list[Step] = []
+        # Rows whose progress changed since the last take_changes(), when a store
+        # listens: the latest of each is written, once per commit (PRG-2).
+        self._journal_progress: dict[int, _Row] = {}
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -1640,8 +1681,74 @@ class JobTable:
             self._finished = []
         return finished
 
+    # -- progress and watching (PRG-1 on) ----------------------------------------------
+
+    def progress_many(
+        self, items: Sequence[tuple[str, str, bytes]]
+    ) -> list[bool | InvalidArgument]:
+        """Store each ``(job_id, lease, progress)`` on its own (PRG-1): whether it landed
+        (only under a valid lease; a stale one stores nothing), or why it was refused
+        (``progress`` not encoded JSON bytes, or over ``MAX_PROGRESS_BYTES``: PRG-3).
+        The latest value replaces the job's last one (PRG-2)."""
+        now = self._now()
+        limit = min(MAX_PROGRESS_BYTES, self.max_payload_bytes)
+        journal = self._journal
+        observed = self._observed
+        answers: list[bool | InvalidArgument] = []
+        for job_id, lease, value in items:
+            try:
+                guard.progress(value, limit)
+            except InvalidArgument as exc:
+                answers.append(exc)
+                continue
+            row = self._claimed(job_id, lease)
+            if row is None or not row.queue._valid(row, lease, now):
+                answers.append(False)
+                continue
+            row.progress = value
+            if journal is not None:
+                self._journal_progress[row.seq] = row
+            if observed and row.seq in observed:
+                self._steps.append(Step(job_id, "progress", row.attempts, value))
+            answers.append(True)
+        return answers
+
+    def observe(self, job_id: str) -> Job | None:
+        """Watch ``job_id`` (PRG-5): its snapshot now, or ``None`` for an id with no job.
+        A live (pending or processing) job is watched from then on: its steps come
+        through ``take_steps()`` and its end through ``take_finished()``, as a followed
+        job's. A finished one is not watched."""
+        row = self._lookup(job_id)
+        if row is None:
+            return None
+        if row.state is PENDING or row.state is PROCESSING:
+            self._watched.add(row.seq)
+            self._observed.add(row.seq)
+        return self._snapshot(row)
+
+    def unobserve(self, job_id: str) -> None:
+        """Stop watching ``job_id``'s steps (its end stays followed while ``watch`` is
+        in force: ``unwatch`` ends that)."""
+        row = self._lookup(job_id)
+        if row is not None:
+            self._observed.discard(row.seq)
+
+    def take_steps(self) -> list[Step]:
+        """The steps of watched jobs since the last call, in the order they were made."""
+        steps = self._steps
+        if steps:
+            self._steps = []
+        return steps
+
+    def _step(self, row: _Row, reason: str, error: str | None) -> None:
+        """A watched row's attempt ended and it will run again (PRG-5)."""
+        self._steps.append(
+            Step(self._format_id(row.seq), "retry", row.attempts, None, reason, error)
+        )
+
     def _finish(self, row: _Row, state: str, result: bytes | None, error: str | None) -> None:
         self._watched.discard(row.seq)
+        self._observed.discard(row.seq)
         self._finished.append(
             Finish(self._format_id(row.seq), row.queue.name, state, result, error)
         )
@@ -1797,7 +1904,12 @@ class JobTable:
     @property
     def has_changes(self) -> bool:
         """Whether anything changed since the last ``take_changes()``."""
-        return bool(self._journal) or bool(self._journal_queues) or self._schedules.has_changes
+        return (
+            bool(self._journal)
+            or bool(self._journal_queues)
+            or self._schedules.has_changes
+            or bool(self._journal_progress)
+        )
 
     def take_changes(self) -> Changes:
         """What changed since the last call, as plain tuples a store can write as they are.
@@ -1837,6 +1949,12 @@ class JobTable:
             else:
                 updates.append(_update_tuple(row))
         queues = [_queue_tuple(queue) for queue in self._journal_queues]
+        progress = [
+            (row.progress, seq)
+            for seq, row in self._journal_progress.items()
+            if row.state is not None
+        ]
+        self._journal_progress = {}
         self._journal = {}
         self._journal_new = set()
         self._journal_claims = set()
@@ -1844,7 +1962,15 @@ class JobTable:
         meta = (self.id_prefix, self._seq, self._leases_issued)
         schedules, schedules_deleted = self._schedules.take()
         return Changes(
-            upserts, deleted, queues, meta, updates, claims, schedules, schedules_deleted
+            upserts,
+            deleted,
+            queues,
+            meta,
+            updates,
+            claims,
+            schedules,
+            schedules_deleted,
+            progress=progress,
         )
 
     def held_leases(self) -> list[tuple[str, str, str]]:
@@ -1877,6 +2003,7 @@ class JobTable:
         rng: random.Random | None = None,
         max_payload_bytes: int = 1 << 20,
         schedules: Iterable[tuple[Any, ...]] = (),
+        progress: Iterable[tuple[int, bytes]] = (),
     ) -> JobTable:
         """A table rebuilt from what ``take_changes()`` gave a store, journal on.
 
@@ -1949,6 +2076,11 @@ class JobTable:
             row.queue._make_ready(row, now)
             row.queue._n_ready += 1
         table._schedules.restore(schedules)
+        rows_by_seq = table._rows
+        for seq, value in progress:  # ``(seq, progress)`` of the rows that have one
+            found = rows_by_seq.get(seq)
+            if found is not None:
+                found.progress = value
         table.start_journal()
         return table
 
@@ -2048,6 +2180,7 @@ class JobTable:
             partition=row.partition,
             result_json=row.result,
             completed_at=row.completed_at,
+            progress_json=row.progress,
         )
 
 
@@ -2124,6 +2257,8 @@ class Changes(NamedTuple):
     # (These two last, with defaults, so that a Changes made without them still is one.)
     schedules: list[tuple[Any, ...]] = []  # SCHEDULE_FIELDS tuples  # noqa: RUF012
     schedules_deleted: list[str] = []  # ids  # noqa: RUF012
+    # (progress, seq) of each live row whose progress changed: the latest only (PRG-2).
+    progress: list[tuple[bytes | None, int]] = []  # noqa: RUF012
 
 
 def _row_tuple(row: _Row) -> tuple[Any, ...]:

@@ -174,6 +174,14 @@ class Job:
     result_json: bytes | None = None
     # When the ack that completed it landed (RES-3); None: not completed.
     completed_at: float | None = None
+    # The latest progress a holder of its lease reported, as encoded JSON (PRG-1);
+    # None: none reported.
+    progress_json: bytes | None = None
+
+    @property
+    def progress(self) -> Any:
+        """The latest progress as a JSON value (``None`` when none was reported)."""
+        return None if self.progress_json is None else json.loads(self.progress_json)
 
     @property
     def result(self) -> Any:

@@ -206,6 +206,13 @@ ALTER TABLE jobs ADD COLUMN result BLOB;
 ALTER TABLE jobs ADD COLUMN completed_at REAL;
 """
 
+# Version 7: progress (docs/contract.md, PRG-1 on): the latest progress a lease holder
+# reported, as JSON bytes; NULL for none, as for every job of an older file. Written apart
+# from the row's other fields, the latest of each job once per commit (PRG-2).
+_SCHEMA_V7_PROGRESS = """
+ALTER TABLE jobs ADD COLUMN progress BLOB;
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
 _MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1,
@@ -214,6 +221,7 @@ _MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V4,
     _SCHEMA_V5,
     _SCHEMA_V6,
+    _SCHEMA_V7_PROGRESS,
 )
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
@@ -466,6 +474,7 @@ class SqliteStore:
             else:  # no job was under a lease: the rows as they are
                 rows = db.execute(f"SELECT {columns} FROM jobs ORDER BY seq")
             schedules = db.execute(f"SELECT {', '.join(SCHEDULE_FIELDS)} FROM schedules")
+            progress = db.execute("SELECT seq, progress FROM jobs WHERE progress IS NOT NULL")
             table = JobTable.restore(
                 (meta[0], meta[1], leases_issued),
                 queues,
@@ -474,6 +483,7 @@ class SqliteStore:
                 rng=rng,
                 max_payload_bytes=max_payload_bytes,
                 schedules=schedules,
+                progress=progress.fetchall(),
             )
             if late:
                 self._keep_logged(db, late, claims, leases_issued)
@@ -844,7 +854,11 @@ class SqliteStore:
             log is not None
             and packed is not None
             and not (
-                changes.upserts or changes.updates or changes.schedules or changes.schedules_deleted
+                changes.upserts
+                or changes.updates
+                or changes.schedules
+                or changes.schedules_deleted
+                or changes.progress
             )
         ):
             log.append(self._commit_no + 1, changes.meta[2], *packed)
@@ -895,6 +909,8 @@ class SqliteStore:
                     db.executemany(_UPSERT_JOB, changes.upserts)
                 if changes.updates:
                     db.executemany(_UPDATE_JOB, [(*u, commit_no) for u in changes.updates])
+                if changes.progress:  # (after the upserts: a new row's comes here)
+                    db.executemany("UPDATE jobs SET progress = ? WHERE seq = ?", changes.progress)
                 if changes.claims:
                     db.execute(
                         "INSERT INTO claims (commit_no, texts, numbers) VALUES (?, ?, ?)",
