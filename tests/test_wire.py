@@ -517,6 +517,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
         ("enqueue_each", "jobs"),
         ("ack_batch", "items"),
         ("heartbeat_batch", "items"),
+        ("progress", "items"),
         ("subscribe", "leases"),
         ("cancel_batch", "ids"),
         ("list_schedules", "ids"),
@@ -591,6 +592,9 @@ ROLES_BY_OP = {
     "list_schedules": {P, R, A},
     "back_off": {W, A},
     "watch": {R, A},
+    "progress": {W, A},
+    "watch_job": {P, R, A},
+    "unwatch_job": {P, R, A},
 }
 
 
@@ -638,6 +642,7 @@ class FakeJob:
     partition: str | None = "acme"
     result_json: bytes | None = None
     completed_at: float | None = None
+    progress_json: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,12 +43,13 @@ from .dispatch import Dispatcher, Subscription
 from .egress import Gate, Out, Wait, wait_for
 from .engine import InvalidArgument
 from .feed import Feed
-from .ops import HANDLERS, Result, WaitFor
+from .ops import HANDLERS, Result, WaitFor, WatchJob
 from .ops import Broker as OpsBroker
 from .scheduler import Scheduler
 from .store import StoreError
 from .transport import Socket
 from .waits import Waits
+from .watches import Watches
 
 __all__ = ["Connection", "Hub", "Socket"]
 
@@ -115,6 +116,14 @@ class Connection:
         self._releasing = False
         # The waits of ``wait`` requests: answered on their own, out of order.
         self.waits = Waits(broker.backend, broker.scheduler, self.send)
+        # The jobs watched by ``watch_job``: their events pushed as they come.
+        self.watches = Watches(
+            broker.backend,
+            broker.scheduler,
+            self.send,
+            lambda frame: self.emit(Out.NOTICE, frame),
+            lambda: self.unsent_bytes,
+        )
         config = broker.config
         header_token = bearer(ws.request.headers) if ws.request is not None else None
         self.roles: frozenset[Role] = frozenset()
@@ -435,6 +444,10 @@ class Connection:
                 if rid is not None:  # (no rid: no reply to give, nothing to wait for)
                     self.waits.start(rid, reply.id, reply.timeout_s)
                 return
+            elif isinstance(reply, WatchJob):
+                self._bad_in_a_row = 0
+                self.watches.start(rid, reply.id)
+                return
             elif reply.done():
                 result = reply.result()
             else:
@@ -514,6 +527,7 @@ class Connection:
         self._ending = True
         self.broker.feed.forget(self)
         self.waits.close()
+        self.watches.close()
         if self.subscription is not None:
             self.broker.dispatcher.unsubscribe(self.subscription)
             self.subscription = None

@@ -38,12 +38,23 @@ from ..sdk._wire import (
     raw_json,
 )
 from . import __version__
-from .backend import Backend, BackOff, Enqueue, JobList, Later, Pending, Report, then
+from .backend import (
+    Backend,
+    BackOff,
+    Enqueue,
+    JobList,
+    Later,
+    Pending,
+    Progress,
+    Report,
+    then,
+)
 from .config import Config
 from .dispatch import Dispatcher, Subscription
 from .egress import Out
 from .engine import (
     LIMIT_FIELDS,
+    MAX_PROGRESS_BYTES,
     InvalidArgument,
     Limits,
     NewJob,
@@ -53,8 +64,9 @@ from .engine import (
     check_queue_name,
 )
 from .feed import Feed, Viewer, queue_info
+from .watches import Watches
 
-__all__ = ["HANDLERS", "Broker", "Peer", "WaitFor"]
+__all__ = ["HANDLERS", "Broker", "Peer", "WaitFor", "WatchJob"]
 
 
 class Broker(Protocol):
@@ -83,6 +95,7 @@ class Peer(Viewer, Protocol):
     client: str | None
     roles: frozenset[Role]
     subscription: Subscription | None
+    watches: Watches
 
     @property
     def broker(self) -> Broker: ...
@@ -108,7 +121,7 @@ Result = dict[str, Any] | None
 # A handler's reply: there at once, or to come with its backend call's result (a
 # database's answer); the connection sends each in the order the requests came.
 Reply = Result | Pending[Result]
-Handler = Callable[[Peer, dict[str, Any]], "Reply | WaitFor"]
+Handler = Callable[[Peer, dict[str, Any]], "Reply | WaitFor | WatchJob"]
 
 _OPTION_NAMES = (
     "priority",
@@ -540,6 +553,44 @@ def wait(conn: Peer, f: dict[str, Any]) -> WaitFor:
     return WaitFor(f["id"], float(timeout_s))
 
 
+class WatchJob(NamedTuple):
+    """``watch_job``'s answer to come: the connection watches job ``id`` and replies on
+    its own once the backend has answered (``broker/watches.py``)."""
+
+    id: str
+
+
+def watch_job(conn: Peer, f: dict[str, Any]) -> WatchJob:
+    return WatchJob(f["id"])
+
+
+def unwatch_job(conn: Peer, f: dict[str, Any]) -> Result:
+    return {"watching": conn.watches.stop(f["id"])}
+
+
+def progress(conn: Peer, f: dict[str, Any]) -> Reply:
+    """Each item's progress, stored under its lease (PRG-1): whether each landed. A
+    value over the cap is ``too_large`` naming ``items[i].progress`` (PRG-3); nothing
+    of the batch is stored then."""
+    limit = min(MAX_PROGRESS_BYTES, conn.broker.config.max_payload_bytes)
+    items = [
+        Progress(
+            item["id"],
+            item["lease"],
+            encode_payload(item["progress"], max_bytes=limit, field=f"items[{i}].progress"),
+        )
+        for i, item in enumerate(f["items"])
+    ]
+
+    def reply(answers: list[bool | InvalidArgument]) -> Result:
+        for i, answer in enumerate(answers):
+            if isinstance(answer, InvalidArgument):
+                raise answer.within(f"items[{i}]")
+        return {"landed": answers}
+
+    return then(conn.broker.backend.progress(items), reply)
+
+
 def heartbeat_batch(conn: Peer, f: dict[str, Any]) -> Reply:
     pairs = [(item["id"], item["lease"]) for item in f["items"]]
     return then(conn.broker.backend.heartbeat(pairs), lambda landed: {"landed": landed})
@@ -758,4 +809,7 @@ HANDLERS: dict[Op, Handler] = {
     Op.RUN_SCHEDULE: run_schedule,
     Op.LIST_SCHEDULES: list_schedules,
     Op.WAIT: wait,
+    Op.PROGRESS: progress,
+    Op.WATCH_JOB: watch_job,
+    Op.UNWATCH_JOB: unwatch_job,
 }

@@ -195,16 +195,17 @@ class ErrorCode(StrEnum):
 class Role(StrEnum):
     """What a token may do (docs/protocol.md, "Authentication and roles")."""
 
-    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, wait, cancel, stats,
-    # list_jobs, list_schedules.
+    # Enqueue jobs and look at them: enqueue, enqueue_batch, get_job, wait, watch_job,
+    # unwatch_job, cancel, stats, list_jobs, list_schedules.
     PUBLISH = "publish"
     # Take and finish jobs: subscribe, unsubscribe, ack, retry, fail, heartbeat and their
-    # batch forms, get_job.
+    # batch forms, progress, get_job.
     WORK = "work"
     # Everything, including pause, resume, redrive, redrive_all, purge_dead, sweep,
     # set_limits and the schedule changes (set_schedule, pause_schedule, ...).
     ADMIN = "admin"
-    # Look only: get_job, wait, stats, list_jobs, list_schedules (and the dashboard's feed).
+    # Look only: get_job, wait, watch_job, unwatch_job, stats, list_jobs, list_schedules
+    # (and the dashboard's feed).
     READ = "read"
 
 
@@ -249,6 +250,9 @@ class Op(StrEnum):
     RUN_SCHEDULE = "run_schedule"
     LIST_SCHEDULES = "list_schedules"
     WAIT = "wait"
+    PROGRESS = "progress"
+    WATCH_JOB = "watch_job"
+    UNWATCH_JOB = "unwatch_job"
 
 
 class Push(StrEnum):
@@ -260,6 +264,8 @@ class Push(StrEnum):
     CANCELLED = "cancelled"
     # The dashboard feed after `watch`: queues, workers, a followed job, a dead-letter page.
     SNAPSHOT = "snapshot"
+    # What a job watched with `watch_job` did: progress, a retry, its end.
+    JOB_EVENT = "job_event"
 
 
 #: A request id: an int or a string of at most MAX_RID_CHARS characters; None when absent.
@@ -641,6 +647,14 @@ _HANDLES = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _
 # An ack's result: any JSON value; absent (or null) is no result.
 _RESULT = Field("result", Kind.ANY)
 _ACKS = Field("items", Kind.OBJECTS, required=True, batch=True, items=(_ID, _LEASE, _RESULT))
+# A progress report's items: each job's latest progress, any JSON value (PRG-1).
+_PROGRESSES = Field(
+    "items",
+    Kind.OBJECTS,
+    required=True,
+    batch=True,
+    items=(_ID, _LEASE, Field("progress", Kind.ANY, required=True)),
+)
 
 _SPECS = (
     OpSpec(
@@ -688,6 +702,8 @@ _SPECS = (
     ),
     OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
     OpSpec(Op.WAIT, frozenset({_P, _A, _R}), (_ID, Field("timeout_s", Kind.NUMBER, required=True))),
+    OpSpec(Op.WATCH_JOB, frozenset({_P, _A, _R}), (_ID,)),
+    OpSpec(Op.UNWATCH_JOB, frozenset({_P, _A, _R}), (_ID,)),
     OpSpec(Op.CANCEL, _PUBLISHING, (_ID,)),
     OpSpec(
         Op.CANCEL_BATCH,
@@ -723,6 +739,7 @@ _SPECS = (
     OpSpec(Op.HEARTBEAT, _WORKING, (_ID, _LEASE)),
     OpSpec(Op.ACK_BATCH, _WORKING, (_ACKS,)),
     OpSpec(Op.HEARTBEAT_BATCH, _WORKING, (_HANDLES,)),
+    OpSpec(Op.PROGRESS, _WORKING, (_PROGRESSES,)),
     OpSpec(Op.PAUSE, _ADMIN, (_QUEUE,)),
     OpSpec(Op.RESUME, _ADMIN, (_QUEUE,)),
     OpSpec(Op.REDRIVE, _ADMIN, (_ID,)),
@@ -1178,6 +1195,8 @@ class JobSnapshot(Protocol):
     def result_json(self) -> bytes | None: ...
     @property
     def completed_at(self) -> float | None: ...
+    @property
+    def progress_json(self) -> bytes | None: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1233,6 +1252,7 @@ JOB_INFO_FIELDS: Final = (
     "partition",
     "result",
     "completed_at",
+    "progress",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1292,6 +1312,7 @@ def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
         "partition": job.partition,
         "result": None if (result := job.result_json) is None else raw_json(result),
         "completed_at": job.completed_at,
+        "progress": None if (progress := job.progress_json) is None else raw_json(progress),
     }
 
 

@@ -72,6 +72,9 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("delete_schedule", {"id": "s"}),
     ("list_schedules", {}),
     ("watch", {}),
+    ("progress", {"items": [{"id": "x", "lease": "y", "progress": 0.5}]}),
+    ("watch_job", {"id": "no-such-job"}),
+    ("unwatch_job", {"id": "no-such-job"}),
 ]
 
 # docs/protocol.md §4, "Roles".
@@ -82,6 +85,8 @@ ALLOWED = {
         "enqueue_each",
         "get_job",
         "wait",
+        "watch_job",
+        "unwatch_job",
         "cancel",
         "cancel_batch",
         "stats",
@@ -98,9 +103,19 @@ ALLOWED = {
         "ack_batch",
         "heartbeat_batch",
         "back_off",
+        "progress",
         "get_job",
     },
-    Role.READ: {"get_job", "wait", "stats", "list_jobs", "list_schedules", "watch"},
+    Role.READ: {
+        "get_job",
+        "wait",
+        "watch_job",
+        "unwatch_job",
+        "stats",
+        "list_jobs",
+        "list_schedules",
+        "watch",
+    },
     Role.ADMIN: {op for op, _ in REQUESTS},
 }
 
