@@ -47,7 +47,17 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._tasks import Task
-from ._types import Fail, Job, JobInfo, JobPage, RateLimited, Retry, ScheduleInfo, SchedulePage
+from ._types import (
+    Fail,
+    Job,
+    JobEvent,
+    JobInfo,
+    JobPage,
+    RateLimited,
+    Retry,
+    ScheduleInfo,
+    SchedulePage,
+)
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -64,6 +74,7 @@ __all__ = [
     "InvalidArgument",
     "Job",
     "JobCancelled",
+    "JobEvent",
     "JobFailed",
     "JobInfo",
     "JobNotFound",

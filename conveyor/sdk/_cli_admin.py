@@ -211,12 +211,32 @@ def show_job(info: JobInfo, now: float) -> str:
         "attempts",
         "max_attempts",
         "result",
+        "progress",
     }
     pairs.extend((name, _json(value)) for name, value in data.items() if name not in known)
+    if data.get("progress") is not None:
+        pairs.append(("progress", progress_text(data["progress"])))
     pairs.append(("payload", _pretty(data.get("payload"))))
     if data.get("state") == "completed":
         pairs.append(("result", _pretty(data.get("result"))))
     return fields(pairs)
+
+
+def progress_text(progress: Any) -> str:
+    """A job's progress for a person: a number from 0 to 1 as a percentage, an object's
+    ``value`` so and its ``message`` after it; anything else as JSON."""
+    value, message = progress, None
+    if isinstance(progress, dict) and "value" in progress:
+        value, message = progress["value"], progress.get("message")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 1:
+        text = f"{value:.0%}"
+    elif message is not None and value is None:
+        text = ""
+    else:
+        text = _json(value) if message is not None else _json(progress)
+    if message is not None:
+        text = f"{text} {message}".strip() if isinstance(message, str) else text
+    return text
 
 
 def _attempts(job: JobInfo) -> str:

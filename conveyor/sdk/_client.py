@@ -9,7 +9,8 @@ import itertools
 import math
 import os
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from datetime import datetime
 from types import TracebackType
@@ -27,7 +28,7 @@ from ._errors import (
     TooLarge,
 )
 from ._session import EACH_BYTES, Session, split_to_fit
-from ._types import JobInfo, JobPage, ScheduleInfo, SchedulePage
+from ._types import JobEvent, JobInfo, JobPage, ScheduleInfo, SchedulePage
 from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
 from ._wire import MAX_WAIT_S, WireError, encode_payload, raw_json
 
@@ -103,6 +104,26 @@ class _AutoKeys:
 _auto_key = _AutoKeys()
 
 
+class _Watch:
+    """One ``Client.watch`` iteration's events still to yield. Bounded: a progress
+    event replaces a progress event waiting at the end (the latest wins), so a slow
+    consumer holds at most its retries, one progress and the end."""
+
+    __slots__ = ("events", "wake")
+
+    def __init__(self) -> None:
+        self.events: deque[JobEvent] = deque()
+        self.wake = asyncio.Event()
+
+    def put(self, event: JobEvent) -> None:
+        events = self.events
+        if event.kind == "progress" and events and events[-1].kind == "progress":
+            events[-1] = event
+        else:
+            events.append(event)
+        self.wake.set()
+
+
 class Client:
     """An async publisher. Use as ``async with Client(url, token) as client: ...``.
 
@@ -150,9 +171,14 @@ class Client:
             client_name=name,
             connect_timeout=connect_timeout,
             request_timeout=request_timeout,
+            on_connect=self._rewatch,
+            on_push=self._on_push,
         )
         self._connect_timeout = connect_timeout
         self._runner: asyncio.Task[None] | None = None
+        # The iterations of ``watch`` by job id (the broker watches each job once per
+        # connection), and the ids the broker was asked to watch on this connection.
+        self._watches: dict[str, list[_Watch]] = {}
 
     async def __aenter__(self) -> Client:
         self._runner = asyncio.get_running_loop().create_task(self._session.run())
@@ -381,6 +407,82 @@ class Client:
                 raise JobNotFound(job_id)
             if deadline is not None and loop.time() >= deadline:
                 raise TimeoutError(f"job {job_id}: still {state} after {timeout_s} s")
+
+    async def watch(self, job_id: str) -> AsyncGenerator[JobEvent, None]:
+        """The job's events as they happen, ending with its end: ``async for event in
+        client.watch(job_id)``. Each is a ``JobEvent``: ``progress`` (the first one,
+        when the job has reported any, is its latest so far), ``retry`` (an attempt
+        ended and the job will run again), then one ``end`` (``state`` completed with
+        ``result``, dead with ``error``, cancelled, or unknown: no such job, or one
+        finished and not kept), after which the iteration stops.
+
+        Progress values reported in a row may come as their last only: neither the
+        broker nor this client queues more than the latest for a reader that is behind.
+        After a reconnect the watch goes on from the job as it stands then (an event
+        made during the outage may be missed; its end is not). Leaving the loop early
+        stops the watch. Raises ``Forbidden`` without the publish or read role."""
+        watch = _Watch()
+        watchers = self._watches.setdefault(job_id, [])
+        first = not watchers
+        watchers.append(watch)
+        try:
+            if first:
+                reply = await self._call("watch_job", id=job_id)
+                self._watched(job_id, reply)
+            else:  # the broker watches it already for this client: start from now
+                info = await self.get_job(job_id)
+                if info is not None and info.progress is not None and not watch.events:
+                    watch.put(JobEvent(job_id, "progress", info.attempts, info.progress))
+            while True:
+                while not watch.events:
+                    watch.wake.clear()
+                    await watch.wake.wait()
+                event = watch.events.popleft()
+                yield event
+                if event.kind == "end":
+                    return
+        finally:
+            left = self._watches.get(job_id)
+            if left is not None and watch in left:
+                left.remove(watch)
+                if not left:
+                    del self._watches[job_id]
+                    if self._session.connected.is_set():
+                        with contextlib.suppress(Exception):
+                            await self._call("unwatch_job", id=job_id)
+
+    def _watched(self, job_id: str, reply: dict[str, Any]) -> None:
+        """A ``watch_job`` reply: the job's end when it has ended, else its latest
+        progress (unless an event came already: it is newer)."""
+        for watch in self._watches.get(job_id, ()):
+            if not reply.get("watching"):
+                watch.put(JobEvent.from_wire({**reply, "event": "end"}))
+            elif reply.get("progress") is not None and not watch.events:
+                watch.put(JobEvent(job_id, "progress", reply.get("attempts"), reply["progress"]))
+
+    def _on_push(self, frame: dict[str, Any]) -> None:
+        if frame.get("push") != "job_event":
+            return
+        job_id = frame.get("id")
+        watchers = self._watches.get(job_id) if isinstance(job_id, str) else None
+        if not watchers:
+            return
+        event = JobEvent.from_wire(frame)
+        for watch in watchers:
+            watch.put(event)
+
+    async def _rewatch(self, session: Session) -> None:
+        """A new connection: watch again the jobs watched on the one before."""
+        if not self._watches:
+            return
+        ids = list(self._watches)
+        replies = await asyncio.gather(
+            *(session.request("watch_job", {"id": job_id}, resend=False) for job_id in ids),
+            return_exceptions=True,
+        )
+        for job_id, reply in zip(ids, replies, strict=True):
+            if isinstance(reply, dict):
+                self._watched(job_id, reply)
 
     async def cancel(self, job_id: str) -> bool:
         """Delete the job in any state; ``True`` if it existed. Its worker is told."""
@@ -718,6 +820,23 @@ class SyncClient:
     def result(self, job_id: str, *, timeout_s: float | None = None) -> Any:
         """``Client.result``, blocking."""
         return self._run(self._c.result, job_id, timeout_s=timeout_s)
+
+    def watch(self, job_id: str) -> Iterator[JobEvent]:
+        """``Client.watch``, blocking: ``for event in client.watch(job_id): ...``."""
+        events = self._c.watch(job_id)
+
+        async def next_event() -> JobEvent | None:
+            try:
+                return await events.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        try:
+            while (event := self._run(next_event)) is not None:
+                yield event
+        finally:
+            if self._portal is not None:
+                self._run(events.aclose)
 
     def cancel(self, job_id: str) -> bool:
         """``Client.cancel``, blocking."""

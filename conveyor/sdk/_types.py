@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +12,7 @@ from ._errors import InvalidArgument
 __all__ = [
     "Fail",
     "Job",
+    "JobEvent",
     "JobInfo",
     "JobPage",
     "RateLimited",
@@ -49,6 +50,9 @@ class JobInfo:
     partition: str | None = None  # the job's partition key for flow control, if it has one
     result: Any = None  # a completed job's result (its handler's return value), if any
     completed_at: float | None = None  # when a completed job was acked
+    # The latest progress its handler reported (``job.progress``), kept through a retry
+    # and once completed; ``None``: none.
+    progress: Any = None
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:
@@ -126,6 +130,56 @@ class SchedulePage:
     next: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """What ``Client.watch`` yields of a job (docs/protocol.md, ``job_event``).
+
+    ``kind`` is ``"progress"`` (``progress`` is the job's latest progress; values
+    reported in a row may come as their last only), ``"retry"`` (attempt ``attempt``
+    ended and the job will run again: ``reason`` ``"failed"``, ``"lapsed"`` or
+    ``"backed_off"``, ``error`` what the worker said) or ``"end"`` (the last event:
+    ``state`` ``"completed"`` with ``result``, ``"dead"`` with ``error``,
+    ``"cancelled"``, or ``"unknown"``: no such job, or one that ended and was not kept).
+    """
+
+    id: str
+    kind: str
+    attempt: int | None = None
+    progress: Any = None
+    reason: str | None = None
+    error: str | None = None
+    state: str | None = None
+    result: Any = None
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> JobEvent:
+        """A ``job_event`` push's event (an ``end`` also from a ``watch_job`` reply)."""
+        return cls(
+            id=data["id"],
+            kind=data.get("event", "end"),
+            attempt=data.get("attempt"),
+            progress=data.get("progress"),
+            reason=data.get("reason"),
+            error=data.get("error"),
+            state=data.get("state"),
+            result=data.get("result"),
+        )
+
+
+class _Done:
+    """An awaitable that is done already: what ``Job.progress`` returns, so that both
+    ``job.progress(x)`` (a plain ``def`` handler) and ``await job.progress(x)`` work."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # (a generator that yields nothing: awaiting it returns at once)
+
+
+_DONE = _Done()
+
+
 @dataclass(slots=True)
 class Job:
     """A job handed to a worker's handler.
@@ -150,10 +204,30 @@ class Job:
     _heartbeat: Callable[[], Awaitable[bool]] = field(repr=False, compare=False)
     timeout_s: float | None = None
     partition: str | None = None
+    # Takes a progress value (see ``progress``); set by the worker.
+    _progress: Callable[[Job, Any], None] | None = field(default=None, repr=False, compare=False)
 
     async def heartbeat(self) -> bool:
         """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""
         return await self._heartbeat()
+
+    def progress(self, value: Any, message: str | None = None) -> Awaitable[None]:
+        """Report how far the handler has got: ``value`` is any JSON value (a number
+        from 0 to 1 draws the dashboard's bar), or with ``message`` the object
+        ``{"value": value, "message": message}``. The job keeps the latest (get_job
+        shows it) and watchers of the job are told (``Client.watch``).
+
+        Cheap to call in a tight loop: it returns at once (``await`` it or not; a plain
+        ``def`` handler on its thread calls it as it is), and the worker sends at most
+        one report per job in flight and a few a second, the latest value winning, and a
+        job's last value before its ack (``docs/worker.md``). Raises ``InvalidArgument``
+        (field ``progress``) for a value that is not strict JSON or is over 64 KiB
+        encoded (or the broker's ``max_payload_bytes`` if smaller)."""
+        if message is not None:
+            value = {"value": value, "message": message}
+        if self._progress is not None:
+            self._progress(self, value)
+        return _DONE
 
 
 def _check_delay(delay_s: Any) -> None:

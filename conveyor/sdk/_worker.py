@@ -84,6 +84,8 @@ _ACK_RETRY_FIRST_S = 0.05
 _ACK_RETRY_MAX_S = 2.0
 # Acks per ack_batch frame when the broker's hello does not say (its default max_batch).
 _MAX_BATCH = 1000
+# The most encoded bytes of one progress value (the broker's cap, docs/protocol.md).
+_MAX_PROGRESS_BYTES = 64 * 1024
 
 # A handler's return value is the job's result (``None``: none); see the module docstring.
 Handler = Callable[[Job], Awaitable[Any]] | Callable[[Job], Any]
@@ -155,8 +157,11 @@ class Worker:
         name: str = "conveyor-python-worker",
         shuffle_urls: bool = True,
         timeouts: Mapping[str, float] | None = None,
+        progress_interval_s: float = 0.1,
     ) -> None:
         check_prefetch(prefetch)
+        # The least time between two progress frames of this worker (job.progress).
+        self.progress_interval_s = check_timeout(progress_interval_s, "progress_interval_s")
         # The brokers to connect to: read by run(), so `conveyor worker --url` can set them.
         self.urls = parse_urls(url)
         self.shuffle_urls = shuffle_urls
@@ -216,6 +221,18 @@ class Worker:
         self._idle = asyncio.Event()  # set whenever no job is held
         self._idle.set()
         self.handled = 0  # jobs whose handler ran to an outcome (for tests and metrics)
+        # Progress (job.progress): the latest value of each job not sent yet, the jobs
+        # with a progress frame unanswered (one at a time each), when the last frame went
+        # and the timer of the next; frames sent (for tests and benchmarks).
+        self._progress_latest: dict[str, tuple[Job, bytes]] = {}
+        self._progress_flying: set[str] = set()
+        self._progress_sent_at = -math.inf
+        self._progress_timer: asyncio.TimerHandle | None = None
+        self.progress_frames = 0
+        # Progress reported on handlers' threads, waiting for the loop to take it.
+        self._thread_lock = threading.Lock()
+        self._from_threads: dict[str, tuple[Job, bytes]] = {}
+        self._threads_told = False
 
     @property
     def url(self) -> str | None:
@@ -324,6 +341,11 @@ class Worker:
             for sig in signals:
                 self._loop.remove_signal_handler(sig)
             self._task_group = None
+            if self._progress_timer is not None:
+                self._progress_timer.cancel()
+                self._progress_timer = None
+            self._progress_latest.clear()
+            self._progress_flying.clear()
             await self._cancel_jobs()
             await session.close()
         if self._fatal is not None:
@@ -488,7 +510,103 @@ class Worker:
             _heartbeat=heartbeat,
             timeout_s=data.get("timeout_s"),
             partition=data.get("partition"),
+            _progress=self._on_progress,
         )
+
+    # -- progress -------------------------------------------------------------------------
+
+    def _on_progress(self, job: Job, value: Any) -> None:
+        """``job.progress(value)``, on the event loop or on a handler's thread: encoded
+        here (a bad value raises in the handler), then kept as the job's latest."""
+        session = self._session
+        limit = _MAX_PROGRESS_BYTES
+        if session is not None:
+            limit = min(limit, session.hello.get("max_payload_bytes", limit))
+        try:
+            data = encode_payload(value, max_bytes=limit, field="progress")
+        except WireError as exc:
+            raise InvalidArgument(exc.message, field="progress") from None
+        loop = self._loop
+        if loop is None:
+            return
+        if _running_loop() is loop:
+            self._keep_progress(job, data)
+            return
+        # From a handler's thread: the latest of each job waits here, and the loop is
+        # woken once for however many come before it takes them.
+        with self._thread_lock:
+            self._from_threads[job.id] = (job, data)
+            if self._threads_told:
+                return
+            self._threads_told = True
+        loop.call_soon_threadsafe(self._take_from_threads)
+
+    def _take_from_threads(self) -> None:
+        with self._thread_lock:
+            taken, self._from_threads = self._from_threads, {}
+            self._threads_told = False
+        for job, data in taken.values():
+            self._keep_progress(job, data)
+
+    def _keep_progress(self, job: Job, data: bytes) -> None:
+        """Keep ``data`` as ``job``'s latest progress (the latest wins) and see that a
+        frame goes out: at most one per ``progress_interval_s`` for the whole worker."""
+        if self._held.get(job.id) is not job or job.id in self._cancelled:
+            return  # (reported, or gone: its lease is over)
+        self._progress_latest[job.id] = (job, data)
+        self._arm_progress()
+
+    def _arm_progress(self) -> None:
+        loop = self._loop
+        if self._progress_timer is not None or loop is None or not self._progress_latest:
+            return
+        at = max(loop.time(), self._progress_sent_at + self.progress_interval_s)
+        self._progress_timer = loop.call_at(at, self._flush_progress)
+
+    def _flush_progress(self) -> None:
+        """Send the latest progress of every job that has no progress frame in flight."""
+        self._progress_timer = None
+        latest = self._progress_latest
+        flying = self._progress_flying
+        due = [entry for job_id, entry in latest.items() if job_id not in flying]
+        for job, _ in due:
+            del latest[job.id]
+        self._send_progress(due)
+
+    def _send_progress(self, entries: list[tuple[Job, bytes]]) -> None:
+        session = self._session
+        loop = self._loop
+        if not entries or session is None or loop is None:
+            return
+        self._progress_sent_at = loop.time()
+        limit = session.hello.get("max_batch", _MAX_BATCH)
+        for first in range(0, len(entries), limit):
+            batch = entries[first : first + limit]
+            items = [
+                {"id": job.id, "lease": job.lease, "progress": raw_json(data)}
+                for job, data in batch
+            ]
+            ids = [job.id for job, _ in batch]
+            self._progress_flying.update(ids)
+            self.progress_frames += 1
+            reply = session.request_now("progress", {"items": items})
+            reply.add_done_callback(functools.partial(self._progress_answered, ids))
+
+    def _progress_answered(self, ids: list[str], reply: asyncio.Future[Any]) -> None:
+        """A progress frame was answered (or given up on): its jobs may send again. A
+        report that did not land (a lapsed lease) or was not delivered is dropped: the
+        next value replaces it."""
+        self._progress_flying.difference_update(ids)
+        if not reply.cancelled() and (exc := reply.exception()) is not None:
+            log.debug("progress not delivered: %s", exc)
+        self._arm_progress()
+
+    def _last_progress(self, job: Job) -> None:
+        """Before ``job``'s report: send its latest progress now, so that it lands
+        before the ack (frames are handled in the order they are sent)."""
+        entry = self._progress_latest.pop(job.id, None)
+        if entry is not None:
+            self._send_progress([entry])
 
     # -- one job --------------------------------------------------------------------------
 
@@ -508,6 +626,8 @@ class Worker:
                         self._running.discard(job_id)
             except asyncio.CancelledError:
                 report = None  # cancelled by the broker or by shutdown: nothing is reported
+            if report is not None and job_id not in self._cancelled:
+                self._last_progress(job)
             if report is None or job_id in self._cancelled:
                 self._finished(job)
             elif report[0] == "ack":
@@ -528,6 +648,7 @@ class Worker:
         self._cancelled.discard(job.id)
         self._held.pop(job.id, None)
         self._results.pop(job.id, None)
+        self._progress_latest.pop(job.id, None)
         again = self._again.pop(job.id, None)
         if again is not None and not cancelled and not self._killing:
             self._start(again)
