@@ -322,22 +322,28 @@ WHERE j.seq = u.seq AND {_VALID}
 RETURNING j.seq, j.lease, j.queue
 """
 
-# A broker's row says it is alive; rows not renewed for a minute are cleared. (The
-# statement's own upsert is not visible to its SELECT: the others' rows are.)
+# A broker's row says it is alive; rows not renewed for a minute are cleared, and with
+# them the follows written under the follower id they name (a crashed broker's). (The
+# statement's own upsert is not visible to its SELECT: the others' rows are.) Its last
+# row says whether this broker's own row was made afresh: if it had been cleared (the
+# broker was out of reach for a minute), its follows were too, and are written again.
 _ANNOUNCE = """
 WITH up AS (
     INSERT INTO conveyor_brokers (id, info, seen_at, follower)
     VALUES (%(me)s, %(info)s, %(now)s, %(follower)s)
     ON CONFLICT (id) DO UPDATE SET info = excluded.info, seen_at = excluded.seen_at,
         follower = excluded.follower
+    RETURNING (xmax = 0) AS fresh
 ), gone AS (
-    DELETE FROM conveyor_brokers WHERE seen_at < %(now)s - 60 RETURNING follower
+    DELETE FROM conveyor_brokers WHERE seen_at < %(now)s - 60 AND id <> %(me)s
+    RETURNING follower
 ), pruned AS (
     DELETE FROM conveyor_follows fw USING gone g WHERE fw.broker = g.follower
 )
-SELECT info FROM conveyor_brokers
+SELECT info, NULL::bool, id FROM conveyor_brokers
 WHERE id <> %(me)s AND seen_at >= %(now)s - %(ttl)s AND seen_at <= %(now)s + %(ttl)s
-ORDER BY id
+UNION ALL SELECT NULL, fresh, NULL FROM up
+ORDER BY 3
 """
 
 _REPORTED = """
@@ -2824,7 +2830,39 @@ class PostgresBackend:
             return await cur.fetchall()
 
         rows = await self._call(work, changes=False)
+        if self._followers and any(row[1] for row in rows):
+            self._background(self._refollow())
         return [row[0] for row in rows if isinstance(row[0], dict)]
+
+    async def _refollow(self) -> None:
+        """Write again the follows of every job followed here (pruned while this broker's
+        row was gone); tell the followers of those that ended meanwhile."""
+        ids = list(self._followers)
+        seqs = sorted({seq for job_id in ids if (seq := self._seq(job_id)) is not None})
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(
+                _FOLLOW, {"seqs": seqs, "me": self._follower_id}, prepare=False
+            )
+            return await cur.fetchall()
+
+        found = {self._id(row[0]): row for row in await self._call(work, changes=False)}
+        for job_id in ids:
+            row = found.get(job_id)
+            if row is not None and row[2] in _LIVE:
+                continue
+            if row is None:
+                told = Finished(job_id, "", "unknown", None, None)
+            elif row[2] == "completed":
+                result = None if row[3] is None else bytes(row[3])
+                told = Finished(job_id, row[1], "completed", result, None)
+            else:
+                told = Finished(job_id, row[1], "dead", None, row[4])
+            for callback in self._followers.pop(job_id, ()):
+                try:
+                    callback(told)
+                except Exception:  # (a follower's bug must not stop the others)
+                    log.exception("a follower of %s failed", job_id)
 
     async def _held_leases(self, worker_id: str | None) -> list[tuple[str, str, str]]:
         async def work(now: float) -> list[tuple[Any, ...]]:
