@@ -1552,6 +1552,7 @@ const JOB_FIELDS = [
   ["id", "text"],
   ["queue", "text"],
   ["state", "state"],
+  ["progress", "progress"],
   ["priority", "count"],
   ["attempts", "count"],
   ["max_attempts", "count"],
@@ -1572,6 +1573,34 @@ const JOB_FIELDS = [
 ];
 // Shown only for a completed job: the result its handler returned, and when it was acked.
 const COMPLETED_FIELDS = new Set(["completed_at", "result"]);
+
+// A job's progress as its handler reported it (job.progress): [fraction, label]. A number
+// from 0 to 1 is a fraction, so is an object's `value`; an object's `message` is shown
+// after it. Anything else is shown as JSON, with no bar.
+function progressOf(progress) {
+  let value = progress;
+  let message = null;
+  if (progress && typeof progress === "object" && !Array.isArray(progress) && "value" in progress) {
+    value = progress.value;
+    if (typeof progress.message === "string") message = progress.message;
+  }
+  const fraction = typeof value === "number" && value >= 0 && value <= 1 ? value : null;
+  const parts = [];
+  if (fraction !== null) parts.push(`${Math.round(fraction * 100)}%`);
+  else if (message === null) parts.push(fmtJson(progress));
+  else if (value !== null && value !== undefined) parts.push(fmtJson(value));
+  if (message !== null) parts.push(message);
+  return [fraction, parts.join(" ")];
+}
+
+function progressView(progress) {
+  const [fraction, label] = progressOf(progress);
+  const text = el("span", { class: "progress-label", "data-testid": "job-progress-label", text: label });
+  if (fraction === null) return text;
+  const bar = el("progress", { max: "1", "data-testid": "job-progress", "aria-label": `progress ${label}` });
+  bar.value = fraction;
+  return el("span", { class: "progress-row" }, bar, text);
+}
 
 function followJob(id) {
   $("job-input").value = id;
@@ -1638,8 +1667,10 @@ function renderJob(job, at) {
   const ordered = fields.filter((f) => !isWide(f)).concat(fields.filter(isWide));
   for (const [key, kind] of ordered) {
     if (COMPLETED_FIELDS.has(key) && job.state !== "completed") continue;
+    if (kind === "progress" && (job[key] === null || job[key] === undefined)) continue;
     let value;
-    if (kind === "state") value = el("span", { class: `pill state-${job.state}`, text: String(job.state) });
+    if (kind === "progress") value = progressView(job[key]);
+    else if (kind === "state") value = el("span", { class: `pill state-${job.state}`, text: String(job.state) });
     else if (kind === "json") value = el("pre", { class: "payload", text: fmtField(kind, job[key], at) });
     else value = fmtField(kind, job[key], at);
     const wide = isWide([key, kind]);
