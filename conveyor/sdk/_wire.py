@@ -1076,7 +1076,19 @@ def _check_value(f: Field, value: Any, path: str, max_batch: int | None) -> Any:
         return list(value)
     if f.each:
         return list(value)  # each entry is checked on its own, by the op
-    return [_check_entry(f, item, f"{path}[{i}]", max_batch) for i, item in enumerate(value)]
+    checked = [_check_entry(f, item, f"{path}[{i}]", max_batch) for i, item in enumerate(value)]
+    if f.string_pair is None:
+        return checked
+    # The shape the fast check gives (``string_pair``): a bare pair kept as it is, and the
+    # entries a ``MoreThanPairs`` when some hold more than the pair.
+    a, b = f.string_pair
+    more = False
+    for i, item in enumerate(value):
+        if len(item) == 2 and type(item.get(a)) is str and type(item.get(b)) is str:
+            checked[i] = item
+        else:
+            more = True
+    return MoreThanPairs(checked) if more else checked
 
 
 def _check_entry(f: Field, item: Any, where: str, max_batch: int | None) -> dict[str, Any]:
