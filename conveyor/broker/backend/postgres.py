@@ -824,6 +824,7 @@ class _Claimed:
     ready_since: float
     timeout_s: float | None
     partition: str | None = None
+    dependencies: int = 0
 
 
 class _Call(Generic[T]):
@@ -1783,6 +1784,14 @@ class PostgresBackend:
 
     def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Task[list[str]]:
         return self._spawn(self._enqueue_all(queue, jobs))
+
+    def enqueue_group(self, jobs: Sequence[Enqueue]) -> asyncio.Task[list[str]]:
+        raise InvalidArgument("after", "dependencies are not supported on PostgreSQL yet")
+
+    def dependency_results(
+        self, job_id: str
+    ) -> asyncio.Task[list[tuple[str, bytes | None]] | None]:
+        raise InvalidArgument("after", "dependencies are not supported on PostgreSQL yet")
 
     def claim(
         self, claims: Sequence[Claim], *, round_robin: bool = False
