@@ -15,25 +15,16 @@ from conveyor.broker.engine import DependencyCycle, InvalidArgument, JobState, Q
 from .conftest import DURABLE_KINDS, RIG_KINDS, Rig, _rig
 
 
-def _pending_on_postgres(request: pytest.FixtureRequest, kind: str) -> None:
-    if kind.startswith("postgres"):
-        request.node.add_marker(
-            pytest.mark.xfail(strict=True, reason="PostgreSQL dependencies pending")
-        )
-
-
 @pytest.fixture(params=RIG_KINDS)
 async def drig(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
-    """``rig``, with the kinds that do not keep dependencies yet marked."""
-    _pending_on_postgres(request, request.param)
+    """``rig``."""
     async with _rig(request.param, tmp_path) as made:
         yield made
 
 
 @pytest.fixture(params=DURABLE_KINDS)
 async def ddurable(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Rig]:
-    """``durable``, with the kinds that do not keep dependencies yet marked."""
-    _pending_on_postgres(request, request.param)
+    """``durable``."""
     async with _rig(request.param, tmp_path) as made:
         yield made
 
