@@ -25,6 +25,8 @@ Tables:
 * ``conveyor_enqueue``: an enqueue an application makes in its own transaction, from
   any language (v3, docs/postgres.md): the engine's guards, resolution and keys in SQL,
   its refusals raised as ``<code>: <field>: <problem>``.
+* ``conveyor_deps``: job dependencies, an edge per dependency a job named (see
+  ``_V_DEPS_TABLES``), and the functions that follow them (``conveyor_deps_*``).
 """
 
 from __future__ import annotations

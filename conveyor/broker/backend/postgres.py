@@ -105,6 +105,21 @@ that began before they were committed does not see them, so once committed a sec
 tells the followers of the jobs that ended meanwhile with no end written, from the table
 (as ``unknown`` for one deleted: what ended it is not known then). An end committed
 after that look by a statement begun before the follow committed is not told.
+
+Dependencies (DEP-1 to DEP-14). A job enqueued with ``after`` is stored 'waiting' with its
+edges (``conveyor_deps``, ``_pg_schema``) and filed by ``conveyor_deps_link``: waiting,
+dead at once, or pending. The enqueue holds the jobs it names (``FOR SHARE``) until it
+commits, so the change that acks, kills or cancels one of them either waits for the edge
+or is seen by the enqueue (MUL-7). An ack runs ``conveyor_deps_met`` in a statement after
+its own (so that it sees the edges committed while it waited for the rows), in the same
+transaction: the edges met keep the results, and each job left with nothing to wait for
+becomes pending, which the jobs' update trigger counts, files in its partition's line and
+tells ("w:") as any row put back to pending; this broker's listeners are told at once.
+A death, wherever it comes from, kills the jobs waiting for it through the update trigger
+(``conveyor_deps_doom``, one level per statement); a cancel calls it itself. A group
+(``enqueue_group``) is checked whole (Kahn's algorithm for cycles) before any row is
+written, and written in one transaction, its members in an order where each comes after
+those it names.
 """
 
 from __future__ import annotations

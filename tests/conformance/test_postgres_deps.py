@@ -1,0 +1,158 @@
+"""Job dependencies where only the PostgreSQL backend has something to show: brokers
+sharing one table (docs/contract.md, DEP-1 to DEP-14), and a table made by the schema
+before them.
+
+Each test makes a database of its own (``pg.database``) and drops it after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+
+import psycopg
+import pytest
+
+from conveyor.broker.backend import Claim, Enqueue, Report
+from conveyor.broker.backend._pg_schema import MIGRATIONS
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.engine import InvalidArgument, JobState
+from conveyor.broker.scheduler import SteppedScheduler
+
+from .conftest import START, Heard
+from .pg import database
+from .pg import until as _until
+
+
+@pytest.fixture
+async def dsn() -> AsyncIterator[str]:
+    async with database() as made:
+        yield made
+
+
+async def _open(dsn: str, clock: SteppedScheduler, seed: int = 0) -> PostgresBackend:
+    return await PostgresBackend.open(
+        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(seed)
+    )
+
+
+async def test_an_ack_through_one_broker_releases_a_dependent_claimed_through_another_dep_1(
+    dsn: str,
+) -> None:
+    clock = SteppedScheduler(start=START)
+    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    heard = Heard()
+    one.listen(heard)
+    try:
+        (dep,) = await one.enqueue([Enqueue("deps", "a")])
+        (job,) = await one.enqueue([Enqueue("q", "b", after=(dep,))])
+        assert isinstance(dep, str) and isinstance(job, str)
+        assert (await one.claim([Claim("w", ("q",), 1)]))[0] == []
+        ((claimed,),) = await two.claim([Claim("w2", ("deps",), 1)])
+        heard.forget()
+        assert await two.ack([(claimed.id, claimed.lease)], [b'{"n": 1}']) == [True]
+        # The release is news to the first broker: its workers of q are told.
+        await _until(lambda: heard.told_work("q"), "one hearing of two's release")
+        ((got,),) = await one.claim([Claim("w", ("q",), 1)])
+        assert got.id == job and got.dependencies == 1
+        assert await one.dependency_results(job) == [(dep, b'{"n": 1}')]
+    finally:
+        await two.close()
+        await one.close()
+
+
+async def test_an_enqueue_racing_the_ack_of_its_dependency_never_leaves_it_waiting_dep_1(
+    dsn: str,
+) -> None:
+    # The enqueue holds the dependency until its edge is committed, so either the ack
+    # waits and then meets the edge, or the enqueue waits and finds the job gone.
+    clock = SteppedScheduler(start=START)
+    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    try:
+        outcomes = set()
+        for _ in range(30):
+            (dep,) = await two.enqueue([Enqueue("deps", 0)])
+            ((claimed,),) = await two.claim([Claim("w", ("deps",), 1)])
+            acked, (made,) = await asyncio.gather(
+                two.ack([(claimed.id, claimed.lease)]),
+                one.enqueue([Enqueue("q", 1, after=(str(dep),))]),
+            )
+            assert acked == [True]
+            if isinstance(made, InvalidArgument):
+                assert made.field == "after[0]"
+                outcomes.add("refused")
+                continue
+            assert isinstance(made, str)
+            (job,) = await one.get_jobs([made])
+            assert job is not None and job.state is JobState.PENDING, job
+            outcomes.add("released")
+        assert outcomes  # (which ones came depends on timing; each is right)
+    finally:
+        await two.close()
+        await one.close()
+
+
+async def test_deaths_and_acks_through_two_brokers_at_once_keep_every_count_dep_3(
+    dsn: str,
+) -> None:
+    # Fifty chains of three: the roots failed through one broker while jobs of the
+    # other queue are acked through the other; every chain dies whole, nothing waits.
+    clock = SteppedScheduler(start=START)
+    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    try:
+        roots = []
+        for i in range(50):
+            (root,) = await one.enqueue([Enqueue("roots", i)])
+            assert isinstance(root, str)
+            await one.enqueue_group(
+                [Enqueue("q", i, after=(root,)), Enqueue("q", i, after=(0,))]
+            )
+            roots.append(root)
+        await two.enqueue([Enqueue("other", i) for i in range(50)])
+        (mine,) = await one.claim([Claim("w", ("roots",), 50)])
+        (theirs,) = await two.claim([Claim("w2", ("other",), 50)])
+        await asyncio.gather(
+            one.report([Report(c.id, c.lease, False, "no") for c in mine]),
+            two.ack([(c.id, c.lease) for c in theirs]),
+        )
+        stats = (await two.stats(["q"]))["q"]
+        assert (stats.waiting, stats.dead, stats.ready) == (0, 100, 0)
+    finally:
+        await two.close()
+        await one.close()
+
+
+async def test_a_database_of_the_schema_before_dependencies_takes_them_after_migrating(
+    dsn: str,
+) -> None:
+    # Made as the broker before dependencies leaves it, with a job in it.
+    before = len(MIGRATIONS) - 1
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute("CREATE TABLE conveyor_schema (version int NOT NULL)")
+        await conn.execute("INSERT INTO conveyor_schema VALUES (%s)", (before,))
+        for step in MIGRATIONS[:before]:
+            await conn.execute(step.encode())
+        await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
+        cur = await conn.execute("SELECT conveyor_enqueue('q', '\"old\"'::json)")
+        row = await cur.fetchone()
+        assert row is not None
+        old = str(row[0])
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        db_now = float(row[0])
+    backend = await _open(dsn, SteppedScheduler(start=db_now + 1))
+    try:
+        (job,) = await backend.enqueue([Enqueue("q", "new", after=(old,))])
+        assert isinstance(job, str)
+        stats = (await backend.stats(["q"]))["q"]
+        assert (stats.ready, stats.waiting) == (1, 1)
+        ((claimed,),) = await backend.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == old and claimed.dependencies == 0
+        await backend.ack([(old, claimed.lease)], [b'"A"'])
+        ((claimed,),) = await backend.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == job and claimed.dependencies == 1
+        assert await backend.dependency_results(job) == [(old, b'"A"')]
+    finally:
+        await backend.close()
