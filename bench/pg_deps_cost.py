@@ -86,7 +86,7 @@ async def measure(idle: int, fan: int, rounds: int) -> dict[str, Any]:
             (dep,) = await backend.enqueue([Enqueue("hot", "dep")])
             assert isinstance(dep, str)
             await backend.enqueue([Enqueue("q", i, after=(dep,)) for i in range(fan)])
-            ((claimed,),) = await backend.claim([Claim("w", ("hot",), 1)])
+            ((_claimed,),) = await backend.claim([Claim("w", ("hot",), 1)])
             seq = int(dep.removeprefix(backend.id_prefix), 16)
             now = backend.now()
         finally:
