@@ -105,9 +105,7 @@ async def test_deaths_and_acks_through_two_brokers_at_once_keep_every_count_dep_
         for i in range(50):
             (root,) = await one.enqueue([Enqueue("roots", i)])
             assert isinstance(root, str)
-            await one.enqueue_group(
-                [Enqueue("q", i, after=(root,)), Enqueue("q", i, after=(0,))]
-            )
+            await one.enqueue_group([Enqueue("q", i, after=(root,)), Enqueue("q", i, after=(0,))])
             roots.append(root)
         await two.enqueue([Enqueue("other", i) for i in range(50)])
         (mine,) = await one.claim([Claim("w", ("roots",), 50)])
