@@ -154,3 +154,41 @@ async def test_a_database_of_the_schema_before_dependencies_takes_them_after_mig
         assert await backend.dependency_results(job) == [(old, b'"A"')]
     finally:
         await backend.close()
+
+
+async def test_an_applications_transaction_enqueues_a_dependent_with_after_dep_1_dep_7(
+    dsn: str,
+) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        db_now = float(row[0])
+    # (The function stamps jobs with the server's clock: the broker's is set past them.)
+    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    try:
+        (dep,) = await backend.enqueue([Enqueue("deps", "a")])
+        assert isinstance(dep, str)
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            cur = await conn.execute(
+                "SELECT conveyor_enqueue('q', '1', after => %s::text[])", ([dep, dep],)
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            job = str(row[0])
+            for named, field in (([dep, "nope"], "after[1]"), ([""], "after[0]")):
+                with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+                    await conn.execute(
+                        "SELECT conveyor_enqueue('q', '2', after => %s::text[])", (named,)
+                    )
+                assert caught.value.diag.column_name == field
+        (got,) = await backend.get_jobs([job])
+        assert got is not None and got.state is JobState.WAITING and got.after == (dep,)
+        ((claimed,),) = await backend.claim([Claim("w", ("deps", "q"), 5)])
+        assert claimed.id == dep
+        await backend.ack([(dep, claimed.lease)], [b"7"])
+        ((claimed,),) = await backend.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == job and claimed.dependencies == 1
+        assert (await backend.stats(["q"]))["q"].totals.enqueued == 1
+    finally:
+        await backend.close()

@@ -1906,7 +1906,114 @@ _V_DEPS_CLAIM = (
     + "\n"
 )
 
-_V_DEPS = _V_DEPS_TABLES + _V_DEPS_FUNCTIONS + _V_DEPS_TRIGGERS + "\n" + _V_DEPS_CLAIM
+# conveyor_enqueue as v9 made it, taking ``after`` (DEP-1, DEP-7, DEP-9): the ids of the
+# jobs it depends on, checked as the engine checks them (at most 1,000, each a job id,
+# each named once), each one a job the table holds, held until the caller's transaction
+# ends (MUL-7); the job is then stored waiting with its edges and filed by
+# conveyor_deps_link. Last and defaulted, so that every call written before means what it
+# meant.
+_V9_ENQUEUE_TEXT = _V9_ENQUEUE[_V9_ENQUEUE.index("CREATE") :]
+_ENQUEUE_AFTER = """    -- Its dependencies (DEP-7, DEP-9): each named once, in order, each one a
+    -- job the table holds, held (in seq order) until this transaction ends.
+    IF cardinality(conveyor_enqueue.after) > 1000 THEN
+        PERFORM conveyor_refuse('invalid_argument', 'after',
+            'must name at most 1000 jobs, got ' || cardinality(conveyor_enqueue.after));
+    END IF;
+    IF cardinality(conveyor_enqueue.after) > 0 THEN
+        named := ARRAY(
+            SELECT u.id FROM unnest(conveyor_enqueue.after) WITH ORDINALITY AS u(id, o)
+            GROUP BY u.id ORDER BY min(u.o));
+        pre := (SELECT m.id_prefix FROM conveyor_meta m);
+        FOR i IN 1..cardinality(named) LOOP
+            IF named[i] IS NULL OR named[i] = '' OR length(named[i]) > 1024 THEN
+                PERFORM conveyor_refuse('invalid_argument', 'after[' || i - 1 || ']',
+                    'is not a job id: ' || conveyor_describe(coalesce(named[i], '')));
+            END IF;
+            digits := substr(named[i], length(pre) + 1);
+            dep_seq := NULL;
+            IF left(named[i], length(pre)) = pre AND digits ~ '^[1-9a-f][0-9a-f]{0,15}$' THEN
+                dep_seq := ('x' || lpad(digits, 16, '0'))::bit(64)::bigint;
+            END IF;
+            dep_seqs := dep_seqs || coalesce(dep_seq, -1);
+        END LOOP;
+        PERFORM 1 FROM conveyor_jobs j WHERE j.seq = ANY(dep_seqs) ORDER BY j.seq FOR SHARE;
+        FOR i IN 1..cardinality(dep_seqs) LOOP
+            IF dep_seqs[i] <= 0
+                OR NOT EXISTS (SELECT 1 FROM conveyor_jobs j WHERE j.seq = dep_seqs[i])
+            THEN
+                PERFORM conveyor_refuse('invalid_argument', 'after[' || i - 1 || ']',
+                    'no job ' || quote_literal(left(named[i], 80)) || ' is known (a '
+                    || 'dependency must be a live job, a member of the same group, or a '
+                    || 'finished job still kept: completed_retention_s)');
+            END IF;
+        END LOOP;
+        n_deps := cardinality(dep_seqs);
+    END IF;
+
+"""
+_V_DEPS_ENQUEUE = (
+    """
+DROP FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, float8, numeric,
+    float8, text, float8, text);
+"""
+    + _changed(
+        _function(_V9_ENQUEUE_TEXT, "conveyor_enqueue"),
+        (
+            "    partition text DEFAULT NULL\n)",
+            "    partition text DEFAULT NULL,\n    after text[] DEFAULT NULL\n)",
+        ),
+        (
+            "    part text := coalesce(conveyor_enqueue.partition, '');\n",
+            "    part text := coalesce(conveyor_enqueue.partition, '');\n"
+            "    named text[];\n"
+            "    dep_seqs bigint[] := '{}';\n"
+            "    n_deps int := 0;\n"
+            "    pre text;\n"
+            "    digits text;\n"
+            "    dep_seq bigint;\n",
+        ),
+        (
+            "    -- Resolved against the queue: the call wins",
+            _ENQUEUE_AFTER + "    -- Resolved against the queue: the call wins",
+        ),
+        (
+            "            expires_at, key, timeout_s, partition, sched)\n"
+            "        VALUES (nextval('conveyor_job_seq'), q_name, 'pending', data, prio,\n",
+            "            expires_at, key, timeout_s, partition, sched, deps, waiting_for)\n"
+            "        VALUES (nextval('conveyor_job_seq'), q_name,\n"
+            "            CASE WHEN n_deps > 0 THEN 'waiting' ELSE 'pending' END, data, prio,\n",
+        ),
+        (
+            "            lim_s, part, ready > t)",
+            "            lim_s, part, n_deps = 0 AND ready > t, n_deps, n_deps)",
+        ),
+        (
+            "            PERFORM pg_notify('conveyor', 'w:' || q_name);\n            EXIT;\n",
+            "            PERFORM pg_notify('conveyor', 'w:' || q_name);\n"
+            "            IF n_deps > 0 THEN\n"
+            "                INSERT INTO conveyor_deps (job, pos, dep)\n"
+            "                SELECT got, u.o - 1, u.dep\n"
+            "                FROM unnest(dep_seqs) WITH ORDINALITY AS u(dep, o);\n"
+            "                PERFORM conveyor_deps_link(ARRAY[got], t);\n"
+            "            END IF;\n"
+            "            EXIT;\n",
+        ),
+    )
+    + """
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, '
+        'float8, numeric, float8, text, float8, text, text[]) SET search_path = %I, pg_temp',
+        current_schema()
+    );
+END $$;
+"""
+)
+
+_V_DEPS = (
+    _V_DEPS_TABLES + _V_DEPS_FUNCTIONS + _V_DEPS_TRIGGERS + "\n" + _V_DEPS_CLAIM + _V_DEPS_ENQUEUE
+)
 
 MIGRATIONS: tuple[str, ...] = (
     _V1,
