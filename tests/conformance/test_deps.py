@@ -251,3 +251,27 @@ async def test_a_restart_keeps_waiting_jobs_edges_and_results_dep_1_dep_2(
         assert await kept.dependency_results(c) == [(a, b'"A"'), (b, b'"B"')]
     finally:
         await kept.close()
+
+
+async def test_a_redriven_dependency_acked_before_a_restart_leaves_its_result_dep_5(
+    ddurable: Rig,
+) -> None:
+    rig = ddurable
+    a = await rig.put(payload="a")
+    b = await rig.put(payload="b", after=(a,))
+    (claimed,) = await rig.take()
+    await rig.backend.report([Report(claimed.id, claimed.lease, False, "x")])
+    await rig.backend.settle()
+    await rig.backend.close()
+    kept = await rig.reopen(rig.clock)
+    try:
+        assert await kept.redrive([a]) == [True]
+        ((claimed,),) = await kept.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == a
+        assert await kept.ack([(a, claimed.lease)], [b'"A"']) == [True]
+        assert await kept.redrive([b]) == [True]
+        ((claimed,),) = await kept.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == b
+        assert await kept.dependency_results(b) == [(a, b'"A"')]
+    finally:
+        await kept.close()
