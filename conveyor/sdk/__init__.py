@@ -32,6 +32,7 @@ from ._errors import (
     Conflict,
     ConnectionFailed,
     ConveyorError,
+    DependencyCycle,
     Forbidden,
     Internal,
     InvalidArgument,
@@ -47,7 +48,17 @@ from ._errors import (
     UnsupportedVersion,
 )
 from ._tasks import Task
-from ._types import Fail, Job, JobInfo, JobPage, RateLimited, Retry, ScheduleInfo, SchedulePage
+from ._types import (
+    Fail,
+    Group,
+    Job,
+    JobInfo,
+    JobPage,
+    RateLimited,
+    Retry,
+    ScheduleInfo,
+    SchedulePage,
+)
 from ._worker import Worker
 from .transactional import enqueue_tx, enqueue_tx_async
 
@@ -58,8 +69,10 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConveyorError",
+    "DependencyCycle",
     "Fail",
     "Forbidden",
+    "Group",
     "Internal",
     "InvalidArgument",
     "Job",

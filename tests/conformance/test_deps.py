@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from conveyor.broker.backend import Claim, Enqueue, Report
-from conveyor.broker.engine import DependencyCycle, InvalidArgument, JobState, QueueOpts
+from conveyor.broker.engine import (
+    DependencyCycle,
+    InvalidArgument,
+    JobState,
+    Limits,
+    NewJob,
+    QueueOpts,
+)
 
 from .conftest import DURABLE_KINDS, RIG_KINDS, Rig, _rig
 
@@ -242,3 +249,66 @@ async def test_a_restart_keeps_waiting_jobs_edges_and_results_dep_1_dep_2(
         assert await kept.dependency_results(c) == [(a, b'"A"'), (b, b'"B"')]
     finally:
         await kept.close()
+
+
+async def test_a_redriven_dependency_acked_before_a_restart_leaves_its_result_dep_5(
+    ddurable: Rig,
+) -> None:
+    rig = ddurable
+    a = await rig.put(payload="a")
+    b = await rig.put(payload="b", after=(a,))
+    (claimed,) = await rig.take()
+    await rig.backend.report([Report(claimed.id, claimed.lease, False, "x")])
+    await rig.backend.settle()
+    await rig.backend.close()
+    kept = await rig.reopen(rig.clock)
+    try:
+        assert await kept.redrive([a]) == [True]
+        ((claimed,),) = await kept.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == a
+        assert await kept.ack([(a, claimed.lease)], [b'"A"']) == [True]
+        assert await kept.redrive([b]) == [True]
+        ((claimed,),) = await kept.claim([Claim("w", ("q",), 5)])
+        assert claimed.id == b
+        assert await kept.dependency_results(b) == [(a, b'"A"')]
+    finally:
+        await kept.close()
+
+
+async def test_after_is_bounded_and_a_batch_takes_it_dep_9(drig: Rig) -> None:
+    rig = drig
+    a = await rig.put(payload="a")
+    (refused,) = await rig.backend.enqueue([Enqueue("q", 1, after=(a,) * 2 + ("x",) * 1000)])
+    assert isinstance(refused, InvalidArgument) and refused.field == "after"
+    ids = await rig.backend.enqueue_all(
+        "q", [NewJob(1, after=(a,)), NewJob(2), NewJob(3, after=(a, a))]
+    )
+    jobs = await rig.backend.get_jobs(ids)
+    assert [j.state for j in jobs if j is not None] == [
+        JobState.WAITING,
+        JobState.PENDING,
+        JobState.WAITING,
+    ]
+    assert jobs[2] is not None and jobs[2].after == (a,)
+    with pytest.raises(InvalidArgument) as caught:
+        await rig.backend.enqueue_all("q", [NewJob(4), NewJob(5, after=("nope",))])
+    assert caught.value.field == "jobs[1].after[0]"
+
+
+async def test_released_jobs_go_by_priority_and_join_their_partition_dep_11_dep_12(
+    drig: Rig,
+) -> None:
+    rig = drig
+    await rig.backend.set_limits("q", Limits(partition_concurrency=1))
+    a = await rig.put(payload="a", priority=10)
+    busy = await rig.put(payload="busy", partition="p")
+    low = await rig.put(payload="low", after=(a,), priority=1)
+    high = await rig.put(payload="high", after=(a,), priority=9, partition="r")
+    held = await rig.put(payload="held", after=(a,), priority=5, partition="p")
+    first = await rig.take(n=2)
+    assert [c.id for c in first] == [a, busy]
+    await rig.backend.ack([(first[0].id, first[0].lease)])
+    # Released in priority order; p's slot is still held by busy.
+    assert [c.id for c in await rig.take(n=5)] == [high, low]
+    await rig.backend.ack([(first[1].id, first[1].lease)])
+    assert [c.id for c in await rig.take(n=5)] == [held]

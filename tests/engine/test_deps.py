@@ -549,3 +549,26 @@ def test_releasing_and_dooming_dependents_costs_per_edge_not_per_job_dep_14(
     assert iterations == 0
     assert all(_state(table, i) is JobState.DEAD for i in doomed)
     assert q.stats().waiting == 5000
+
+
+def test_a_dependency_redriven_and_acked_before_its_dependents_leaves_them_its_result_dep_5(
+    table: JobTable, clock: ManualClock
+) -> None:
+    q = table.queue("q")
+    a = q.enqueue("a")
+    b = q.enqueue("b", after=[a])
+    h = q.claim_one("w")
+    assert h is not None and h.fail("x")
+    clock.advance(1)
+    late = q.enqueue("late", after=[a])  # dead at once, listening to a all the same
+    assert table.redrive(a)
+    clock.advance(1)
+    h = q.claim_one("w")
+    assert h is not None and h.id == a and h.ack(b'"A"')
+    assert table.get_job(a) is None  # acked and gone: its result lives on the edges
+    clock.advance(1)
+    assert table.redrive(b) and table.redrive(late)
+    assert _state(table, b) is JobState.PENDING and _state(table, late) is JobState.PENDING
+    assert table.dependency_results(b) == [(a, b'"A"')]
+    assert table.dependency_results(late) == [(a, b'"A"')]
+    assert not table._dependents

@@ -1429,8 +1429,10 @@ class Queue:
         self._unlink(row, now)
         if row._exp_entry is not None:
             self._expiry.forget(row)
-        if table._dependents and row.seq in table._dependents:  # a live row cancelled
-            table._doom(row, f"dependency {table._format_id(row.seq)} was cancelled", now)
+        if table._dependents and row.seq in table._dependents:
+            if row.state is not None and row.state is not DEAD:  # a live row cancelled
+                table._doom(row, f"dependency {table._format_id(row.seq)} was cancelled", now)
+            del table._dependents[row.seq]
         if row.after:
             table._unhook(row)
             if table._journal is not None:
@@ -1443,8 +1445,6 @@ class Queue:
 
 
 _HEX_DIGITS = "0123456789abcdef"
-# The states of a row that may still be acked (a dependency not met yet may be).
-_LIVE = frozenset((PENDING, PROCESSING, WAITING))
 
 
 def _died(job_id: str, error: str) -> str:
@@ -1587,9 +1587,9 @@ class JobTable:
         self._watched: set[int] = set()
         self._finished: list[Finish] = []
         # Dependencies (DEP-1 on): for each job that others depend on, by its seq, those
-        # jobs by seq: waiting ones, and dead ones (killed by another dependency), which
-        # keep the results of the rest for a redrive (DEP-5). An entry goes when the job
-        # is acked, dies or is deleted; a dependent leaves the lists when it is deleted.
+        # jobs by seq: waiting ones, and dead ones, which keep the results of the rest
+        # for a redrive (DEP-5). An entry goes when the job is acked or deleted (a dead
+        # job keeps it: it may be redriven); a dependent leaves the lists when deleted.
         self._dependents: dict[int, dict[int, _Row]] = {}
         # Edges written since the last take (DEP_FIELDS tuples: new ones whole, then
         # acks meeting them as (result, seq, dep)), and the rows with edges deleted.
@@ -1843,10 +1843,16 @@ class JobTable:
         for seq in row.after:
             if seq not in met:
                 dep = rows.get(seq)
+                death = None
                 if dep is None:
-                    return f"dependency {self._format_id(seq)} is gone"
-                if dep.state is DEAD:
-                    return _died(self._format_id(seq), dep.last_error or FAILED)
+                    death = f"dependency {self._format_id(seq)} is gone"
+                elif dep.state is DEAD:
+                    death = _died(self._format_id(seq), dep.last_error or FAILED)
+                if death is not None:
+                    # It dies, listed under its live dependencies still, whose acks keep
+                    # their results for a later redrive (DEP-5), as any dead dependent.
+                    self._register(row)
+                    return death
         unmet = 0
         dependents = self._dependents
         journal = self._journal
@@ -1901,7 +1907,9 @@ class JobTable:
         dependents = self._dependents
         while stack:
             seq, why = stack.pop()
-            waiting = dependents.pop(seq, None)
+            # (The list stays while the dead job is kept: if it is redriven and acked,
+            # its dead dependents keep its result for their own redrive, DEP-5.)
+            waiting = dependents.get(seq)
             if not waiting:
                 continue
             for row in list(waiting.values()):
@@ -1914,14 +1922,14 @@ class JobTable:
                     stack.append((row.seq, _died(self._format_id(row.seq), why)))
 
     def _register(self, row: _Row) -> None:
-        """List a dead row restored from a store under its live dependencies not acked
-        yet, as it was before (see ``_dependents``)."""
+        """List a dead row under its dependencies not acked yet, live or dead (see
+        ``_dependents``): one dying as it is linked, or restored from a store."""
         met = row.met
         assert met is not None
         rows = self._rows
         for seq in row.after:
             dep = rows.get(seq)
-            if seq not in met and dep is not None and dep.state in _LIVE:
+            if seq not in met and dep is not None and dep.state is not COMPLETED:
                 self._dependents.setdefault(seq, {})[row.seq] = row
 
     def _unhook(self, row: _Row) -> None:
