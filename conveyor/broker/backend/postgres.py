@@ -2695,16 +2695,42 @@ class PostgresBackend:
             async with self._conn.transaction():
                 opts = (await self._queues([queue]))[queue]
                 resolved: list[tuple[str, tuple[Any, ...], float]] = []
+                afters: list[tuple[str | int, ...]] = []
+                problem: tuple[int, InvalidArgument] | None = None
                 for index, spec in enumerate(jobs):
                     if not isinstance(spec, NewJob):
-                        refused.append(InvalidArgument(f"jobs[{index}]", "must be a NewJob"))
-                        return []
+                        problem = (index, InvalidArgument(f"jobs[{index}]", "must be a NewJob"))
+                        break
                     try:
                         resolved.append(self._resolve(queue, opts, spec))
+                        afters.append(guard.after(spec.after) if spec.after else ())
                     except InvalidArgument as exc:
-                        refused.append(exc.within(f"jobs[{index}]"))
-                        return []  # the queue made stays made, as in the engine
-                return await self._insert(now, resolved, nearest)
+                        problem = (index, exc.within(f"jobs[{index}]"))
+                        break
+                # The ids named before the first bad job: each a job the table holds
+                # (DEP-7), held until this commits; the first that is not refuses all.
+                named = [[self._seq(job_id) for job_id in after] for after in afters]
+                found = await self._hold_deps(named)
+                for index, seqs in enumerate(named):
+                    missing = next((pos for pos, seq in enumerate(seqs) if seq not in found), None)
+                    if missing is not None:
+                        unknown = _unknown(f"after[{missing}]", afters[index][missing])
+                        problem = (index, unknown.within(f"jobs[{index}]"))
+                        break
+                if problem is not None:
+                    refused.append(problem[1])
+                    return []  # the queue made stays made, as in the engine
+                fresh: set[int] = set()
+                ids = await self._insert(
+                    now, resolved, nearest, [len(seqs) for seqs in named], fresh
+                )
+                edges = [
+                    (seq, [dep for dep in seqs if dep is not None])
+                    for k, seqs in enumerate(named)
+                    if k in fresh and seqs and (seq := self._seq(ids[k])) is not None
+                ]
+                await self._link(now, edges, nearest)
+                return ids
 
         nearest: list[float] = []
         ids = await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
