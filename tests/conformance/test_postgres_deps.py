@@ -192,3 +192,50 @@ async def test_an_applications_transaction_enqueues_a_dependent_with_after_dep_1
         assert (await backend.stats(["q"]))["q"].totals.enqueued == 1
     finally:
         await backend.close()
+
+
+async def test_an_ack_that_waited_for_an_enqueue_holding_its_job_meets_the_new_edge_dep_1(
+    dsn: str,
+) -> None:
+    # The application's transaction names the job (holding it) and is still open when
+    # the ack through a broker comes: the ack waits for its commit, and then, though its
+    # statement began before the edge was committed, releases the new job.
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        db_now = float(row[0])
+    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    try:
+        (dep,) = await backend.enqueue([Enqueue("deps", "a")])
+        ((claimed,),) = await backend.claim([Claim("w", ("deps",), 1)])
+        async with await psycopg.AsyncConnection.connect(dsn) as app:
+            cur = await app.execute(
+                "SELECT conveyor_enqueue('q', '1', after => %s::text[])", ([dep],)
+            )
+            row = await cur.fetchone()
+            assert row is not None
+            job = str(row[0])
+            ack = asyncio.ensure_future(backend.ack([(claimed.id, claimed.lease)], [b"5"]))
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as watch:
+
+                async def ack_waiting() -> None:
+                    """Return once the ack's statement waits for the row's lock."""
+                    while True:
+                        assert not ack.done()
+                        cur = await watch.execute(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                        )
+                        row = await cur.fetchone()
+                        if row is not None and row[0] == 1:
+                            return
+
+                await asyncio.wait_for(ack_waiting(), 30)
+            await app.commit()
+        assert await ack == [True]
+        (got,) = await backend.get_jobs([job])
+        assert got is not None and got.state is JobState.PENDING
+        assert await backend.dependency_results(job) == [(dep, b"5")]
+    finally:
+        await backend.close()

@@ -1722,15 +1722,22 @@ END $$;
 -- one is met and keeps its result (a dead dependent's too, for a redrive: DEP-5), and
 -- each waiting job with nothing more to wait for becomes pending, ready at the later of
 -- its own ready time and now (DEP-1, DEP-2, DEP-10). The jobs released: their queues and
--- ready times. The dependents are locked in seq order.
+-- ready times (a ready time to come told to the brokers, "t:"). The dependents are
+-- locked in seq order. An ack statement calls it on the rows it acked (VOLATILE: each
+-- statement here reads a fresh snapshot, so it sees the edges committed while the ack
+-- waited for a row an enqueue held).
 CREATE FUNCTION conveyor_deps_met(seqs bigint[], results bytea[], p_now float8)
-RETURNS TABLE (queue text, ready_at float8) LANGUAGE plpgsql AS $$
+RETURNS TABLE (queue text, ready_at float8) LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     jobs bigint[];
     ns bigint[];
-    later float8;
+    queues text[];
+    times float8[];
 BEGIN
+    IF cardinality(seqs) = 0 THEN
+        RETURN;
+    END IF;
     WITH m AS (
         UPDATE conveyor_deps d SET met = true, result = u.result
         FROM unnest(seqs, results) AS u(seq, result)
@@ -1744,7 +1751,6 @@ BEGIN
     END IF;
     PERFORM 1 FROM conveyor_jobs j WHERE j.seq = ANY(jobs) AND j.state = 'waiting'
     ORDER BY j.seq FOR UPDATE;
-    RETURN QUERY
     WITH r AS (
         UPDATE conveyor_jobs j SET waiting_for = j.waiting_for - c.n,
             state = CASE WHEN j.waiting_for <= c.n THEN 'pending' ELSE 'waiting' END,
@@ -1755,7 +1761,14 @@ BEGIN
         WHERE j.seq = c.seq AND j.state = 'waiting'
         RETURNING j.queue, j.state, j.ready_at
     )
-    SELECT r.queue, r.ready_at FROM r WHERE r.state = 'pending';
+    SELECT array_agg(r.queue), array_agg(r.ready_at) INTO queues, times
+    FROM r WHERE r.state = 'pending';
+    IF queues IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('conveyor', 't:' || min(u.t)::text)
+    FROM unnest(times) AS u(t) WHERE u.t > p_now HAVING count(*) > 0;
+    RETURN QUERY SELECT * FROM unnest(queues, times);
 END $$;
 
 -- Link the waiting jobs ``seqs`` (new, or redriven) to their edges not met (DEP-1,

@@ -285,6 +285,18 @@ f AS (
     WHERE q.name IN (SELECT queue FROM d) AND q.flow_until > %(now)s
 )"""
 
+# The acks landing on dependencies (DEP-1, DEP-2): conveyor_deps_met, given every acked
+# row (``{rows}``: it reads them all first, so it runs once the statement holds them), the
+# jobs it released as (NULL, queue, ready_at) rows last. Being VOLATILE, each of its
+# statements reads a fresh snapshot: the edges an enqueue that held an acked row
+# committed while this statement waited for the row are seen.
+_RELEASED = """
+r AS (
+    SELECT m.queue, m.ready_at FROM conveyor_deps_met(
+        ARRAY(SELECT x.seq FROM {rows} x ORDER BY x.seq),
+        ARRAY(SELECT x.result FROM {rows} x ORDER BY x.seq), %(now)s) m
+)"""
+
 # The queues that keep their jobs once acked (RES-3): a hashed set, read once a statement
 # (and while no queue keeps any, the keeping branch is not run: a one-time EXISTS). While
 # this broker knows that none does, its acks run _ACK_PLAIN, which plans in half the time.
@@ -317,10 +329,11 @@ WITH u AS (
     FROM a
     WHERE fw.seq = a.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
     RETURNING fw.broker
-), {_FREED.replace("FROM d)", "FROM a)")}
-SELECT seq, lease FROM a UNION ALL SELECT NULL, name FROM f
-UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
+), {_FREED.replace("FROM d)", "FROM a)")}, {_RELEASED.format(rows="a")}
+SELECT seq, lease, NULL::float8 FROM a UNION ALL SELECT NULL, name, NULL FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text, NULL
     FROM (SELECT DISTINCT broker FROM fo) b
+UNION ALL SELECT NULL, queue, ready_at FROM r
 """
 
 _HEARTBEAT = f"""
@@ -399,10 +412,11 @@ WITH d AS (
     FROM d
     WHERE fw.seq = d.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
     RETURNING fw.broker
-), {_FREED}
-SELECT seq, lease FROM d UNION ALL SELECT NULL, name FROM f
-UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
+), {_FREED}, {_RELEASED.format(rows="d")}
+SELECT seq, lease, NULL::float8 FROM d UNION ALL SELECT NULL, name, NULL FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text, NULL
     FROM (SELECT DISTINCT broker FROM fo) b
+UNION ALL SELECT NULL, queue, ready_at FROM r
 """
 
 # Follow (RES-5, RES-6): each job as it stands, its row held until the follows are
@@ -478,7 +492,6 @@ INSERT INTO conveyor_deps (job, pos, dep)
 SELECT * FROM unnest(%s::bigint[], %s::int[], %s::bigint[])
 """
 _LINK = "SELECT * FROM conveyor_deps_link(%s::bigint[], %s)"
-_MET = "SELECT * FROM conveyor_deps_met(%s::bigint[], %s::bytea[], %s)"
 _DOOM = "SELECT conveyor_deps_doom(%s::bigint[], %s::text[], %s)"
 # The dependencies an enqueue names, held until it commits (an ack or a death of one
 # waits for the edge, DEP-1, DEP-3), in seq order.
@@ -2915,24 +2928,15 @@ class PostgresBackend:
                 cur = await conn.execute(f"SELECT EXISTS ({_KEEPING})")
                 row = await cur.fetchone()
                 self._keeping = bool(row and row[0])
-            async with self._atomic():
-                cur = await conn.execute(
-                    _ACK if self._keeping else _ACK_PLAIN,
-                    {"now": now, "seqs": seqs, "leases": tokens, "results": kept},
-                    prepare=False,
-                )
-                rows = await cur.fetchall()
-                # The acks landing on dependencies (DEP-1, DEP-2): a statement of its
-                # own, begun once the acked rows are held, so that it sees the edges an
-                # enqueue that held one of them committed meanwhile.
-                acked = {row[0] for row in rows if row[0] is not None}
-                if acked:
-                    results = dict(zip(seqs, kept, strict=True))
-                    ordered = sorted(acked)
-                    cur = await conn.execute(
-                        _MET, (ordered, [results[seq] for seq in ordered], now), prepare=False
-                    )
-                    released.extend(await self._released(now, await cur.fetchall(), nearest))
+            cur = await conn.execute(
+                _ACK if self._keeping else _ACK_PLAIN,
+                {"now": now, "seqs": seqs, "leases": tokens, "results": kept},
+                prepare=False,
+            )
+            rows = await cur.fetchall()
+            # (The jobs the acks released, DEP-1: a ready time to come is an event.)
+            released.extend((row[1], row[2]) for row in rows if row[2] is not None)
+            nearest.extend(row[2] for row in rows if row[2] is not None and row[2] > now)
             return rows
 
         # (An ack takes events away, but for a dependent it releases for later.)
