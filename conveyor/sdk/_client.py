@@ -344,6 +344,8 @@ class Client:
         request resent after a lost reply stores the group once. Raises
         ``InvalidArgument`` naming the member and field (``jobs[2].after[0]``: an id the
         broker does not know), ``DependencyCycle``, ``TooLarge``."""
+        if not group.jobs:
+            return []
         jobs = []
         for i, member in enumerate(group.jobs):
             job = dict(member)
