@@ -219,7 +219,13 @@ class Group:
         timeout_s: float | None = None,
         partition: str | None = None,
     ) -> int:
-        """Add one job; its index in the group (what ``after`` names it by)."""
+        """Add one job; its index in the group (what ``after`` names it by). Raises
+        ``InvalidArgument`` for an ``after`` that is a lone string (not a list of them)."""
+        if isinstance(after, str):
+            raise InvalidArgument(
+                "after: must be a list of job ids and member indexes, got a string",
+                field="after",
+            )
         options = {
             "delay_s": delay_s,
             "run_at": run_at,

@@ -164,3 +164,11 @@ async def test_the_sync_client_enqueues_with_after_and_groups(broker: Broker) ->
             assert info is not None and info.after == (second,) and info.state == "waiting"
 
     await asyncio.to_thread(blocking)
+
+
+def test_a_group_member_after_must_be_a_list() -> None:
+    group = Group()
+    first = group.add("q", 1)
+    with pytest.raises(InvalidArgument) as refused:
+        group.add("q", 2, after=str(first))  # type: ignore[arg-type]
+    assert refused.value.field == "after" and len(group) == 1
