@@ -110,9 +110,9 @@ Dependencies (DEP-1 to DEP-14). A job enqueued with ``after`` is stored 'waiting
 edges (``conveyor_deps``, ``_pg_schema``) and filed by ``conveyor_deps_link``: waiting,
 dead at once, or pending. The enqueue holds the jobs it names (``FOR SHARE``) until it
 commits, so the change that acks, kills or cancels one of them either waits for the edge
-or is seen by the enqueue (MUL-7). An ack runs ``conveyor_deps_met`` in a statement after
-its own (so that it sees the edges committed while it waited for the rows), in the same
-transaction: the edges met keep the results, and each job left with nothing to wait for
+or is seen by the enqueue (MUL-7). The ack statement calls ``conveyor_deps_met`` on the
+rows it acked (``_RELEASED``: it sees the edges committed while the ack waited for the
+rows): the edges met keep the results, and each job left with nothing to wait for
 becomes pending, which the jobs' update trigger counts, files in its partition's line and
 tells ("w:") as any row put back to pending; this broker's listeners are told at once.
 A death, wherever it comes from, kills the jobs waiting for it through the update trigger
