@@ -239,3 +239,30 @@ async def test_an_ack_that_waited_for_an_enqueue_holding_its_job_meets_the_new_e
         assert await backend.dependency_results(job) == [(dep, b"5")]
     finally:
         await backend.close()
+
+
+async def test_a_chain_of_a_thousand_dies_in_one_change_without_recursion_dep_3(
+    dsn: str,
+) -> None:
+    # Each level is a statement of conveyor_deps_doom's loop, not a trigger inside a
+    # trigger: a chain far deeper than the server's stack would allow dies whole.
+    clock = SteppedScheduler(start=START)
+    backend = await _open(dsn, clock)
+    try:
+        (root,) = await backend.enqueue([Enqueue("q", "root")])
+        assert isinstance(root, str)
+        chain = await backend.enqueue_group(
+            [Enqueue("chain", 0, after=(root,))]
+            + [Enqueue("chain", i, after=(i - 1,)) for i in range(1, 1000)]
+        )
+        ((claimed,),) = await backend.claim([Claim("w", ("q",), 1)])
+        assert await backend.report([Report(claimed.id, claimed.lease, False, "boom")]) == [True]
+        stats = (await backend.stats(["chain"]))["chain"]
+        assert (stats.waiting, stats.dead, stats.totals.dead) == (0, 1000, 1000)
+        first, last = await backend.get_jobs([chain[0], chain[-1]])
+        assert first is not None and first.last_error == f"dependency {root} died: boom"
+        assert last is not None and last.last_error is not None
+        assert len(last.last_error) == 4096 and last.last_error.endswith("...")
+        assert last.last_error.startswith(f"dependency {chain[-2]} died: dependency ")
+    finally:
+        await backend.close()
