@@ -1,4 +1,4 @@
-"""Job dependencies through the backend interface (docs/contract.md, DEP-1 to DEP-14),
+"""Job dependencies through the backend interface (docs/contract.md, DEP-1 to DEP-13),
 on every backend kind."""
 
 from __future__ import annotations

@@ -172,3 +172,29 @@ def test_a_group_member_after_must_be_a_list() -> None:
     with pytest.raises(InvalidArgument) as refused:
         group.add("q", 2, after=str(first))  # type: ignore[arg-type]
     assert refused.value.field == "after" and len(group) == 1
+
+
+async def test_large_results_come_in_pages_that_fit_the_frames_dep_2(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    big = 200_000  # six of these are more than one frame holds (1 MiB)
+    group = Group()
+    parts = [group.add("big", i) for i in range(6)]
+    final = group.add("fin", None, after=parts)
+    ids = await client.enqueue_group(group)
+    worker = make_worker(broker, "big", "fin")
+
+    @worker.handler("big")
+    async def produce(job: Job) -> str:
+        return str(job.payload) * big
+
+    @worker.handler("fin")
+    async def consume(job: Job) -> list[int]:
+        results = await job.dependency_results()
+        return [len(results[ids[i]]) for i in parts]
+
+    async with running(worker, probe):
+        assert await client.result(ids[final], timeout_s=30) == [big] * 6
+    pages = probe.handled("dependency_results")
+    # Half a frame a page: two results of 200 kB each, read from offsets 0, 2 and 4.
+    assert [page.fields["offset"] for page in pages] == [0, 2, 4]
