@@ -345,6 +345,7 @@ def test_enqueue_defaults_filled() -> None:
         "key": None,
         "timeout_s": None,
         "partition": None,
+        "after": [],
     }
 
 
@@ -455,6 +456,7 @@ def test_batch_entries_checked_with_paths() -> None:
             "key": "k",
             "timeout_s": None,
             "partition": None,
+            "after": [],
         }
     ]
     frame["jobs"] = []
@@ -521,6 +523,7 @@ def test_batch_fields_are_the_documented_ones() -> None:
         ("subscribe", "leases"),
         ("cancel_batch", "ids"),
         ("list_schedules", "ids"),
+        ("enqueue_group", "jobs"),
     }
 
 
@@ -595,6 +598,8 @@ ROLES_BY_OP = {
     "progress": {W, A},
     "watch_job": {P, R, A},
     "unwatch_job": {P, R, A},
+    "enqueue_group": {P, A},
+    "dependency_results": {P, W, R, A},
 }
 
 
@@ -643,6 +648,8 @@ class FakeJob:
     result_json: bytes | None = None
     completed_at: float | None = None
     progress_json: bytes | None = None
+    after: tuple[str, ...] = ()
+    waiting_for: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -658,6 +665,7 @@ class FakeClaim:
     visibility_timeout_s: float = 30.0
     timeout_s: float | None = None
     partition: str | None = None
+    dependencies: int = 0
 
 
 def test_pushed_job_and_jobs_push() -> None:
@@ -677,6 +685,7 @@ def test_pushed_job_and_jobs_push() -> None:
         "visibility_timeout_s": 30.0,
         "timeout_s": None,
         "partition": None,
+        "dependencies": 0,
     }
     assert len(frame["jobs"]) == 2
     assert wire.pushed_job(FakeClaim(timeout_s=2.5))["timeout_s"] == 2.5
@@ -724,6 +733,7 @@ def test_error_codes_are_the_stable_set() -> None:
         "unsupported_version",
         "internal",
         "unavailable",
+        "dependency_cycle",
     ]
 
 

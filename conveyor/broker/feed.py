@@ -82,6 +82,7 @@ def queue_info(stats: QueueStats) -> dict[str, Any]:
         "processing": stats.processing,
         "dead": stats.dead,
         "completed": stats.completed,
+        "waiting": stats.waiting,
         "paused": stats.paused,
         "oldest_ready_at": stats.oldest_ready_at,
         "limited": stats.limited,

@@ -159,6 +159,7 @@ def render_table(
             f'{jobs_name}{label},state="scheduled"}} {stats.scheduled}\n'
             f'{jobs_name}{label},state="processing"}} {stats.processing}\n'
             f'{jobs_name}{label},state="dead"}} {stats.dead}\n'
+            f'{jobs_name}{label},state="waiting"}} {stats.waiting}\n'
         )
         paused.append(f"{paused_name}{label}}} {1 if stats.paused else 0}\n")
         oldest = stats.oldest_ready_at

@@ -134,6 +134,7 @@ _OPTION_NAMES = (
     "key",
     "timeout_s",
     "partition",
+    "after",
 )
 
 
@@ -212,6 +213,7 @@ def _enqueue(queue: str, payload: RawJSON, spec: dict[str, Any]) -> Enqueue:
         spec["key"],
         spec["timeout_s"],
         spec["partition"],
+        spec["after"],
     )
 
 
@@ -303,6 +305,47 @@ def _answer(answer: str | Exception, i: int) -> dict[str, Any]:
         return _refused(answer, i)
     # Our bug, not the peer's (logged by the backend): this job only.
     return {"error": WireError(ErrorCode.INTERNAL, "internal error").error_object()}
+
+
+def enqueue_group(conn: Peer, f: dict[str, Any]) -> Reply:
+    """Every job or none (docs/contract.md, DEP-6): the ids in order, or the error of the
+    first bad member, its field under ``jobs[i]``."""
+    jobs = []
+    for i, spec in enumerate(f["jobs"]):
+        try:
+            payload = _payload(conn, spec["payload"], "payload")
+        except WireError as exc:
+            raise _within(exc, f"jobs[{i}]") from None
+        jobs.append(_enqueue(spec["queue"], payload, spec))
+    return then(conn.broker.backend.enqueue_group(jobs), lambda ids: {"ids": ids})
+
+
+def dependency_results(conn: Peer, f: dict[str, Any]) -> Reply:
+    """A page of a job's dependencies' results from ``offset`` on (DEP-2): as many as fit
+    in half a frame, one at least; ``next`` is the offset of the page after, or null.
+    ``results`` is null for an id of no job."""
+    job_id, offset = f["id"], f["offset"]
+    if offset < 0:
+        raise WireError(ErrorCode.INVALID_ARGUMENT, f"offset: must be >= 0, got {offset}", "offset")
+    budget = conn.broker.config.max_frame_bytes // 2
+
+    def reply(found: list[tuple[str, bytes | None]] | None) -> Result:
+        if found is None:  # no such job (as get_job answers a null job)
+            return {"results": None, "next": None}
+        page: list[dict[str, Any]] = []
+        used = 0
+        at = offset
+        while at < len(found):
+            dep_id, result = found[at]
+            size = len(dep_id) + (4 if result is None else len(result)) + 24
+            if page and used + size > budget:
+                break
+            page.append({"id": dep_id, "result": None if result is None else raw_json(result)})
+            used += size
+            at += 1
+        return {"results": page, "next": at if at < len(found) else None}
+
+    return then(conn.broker.backend.dependency_results(job_id), reply)
 
 
 def get_job(conn: Peer, f: dict[str, Any]) -> Reply:
@@ -812,4 +855,6 @@ HANDLERS: dict[Op, Handler] = {
     Op.PROGRESS: progress,
     Op.WATCH_JOB: watch_job,
     Op.UNWATCH_JOB: unwatch_job,
+    Op.ENQUEUE_GROUP: enqueue_group,
+    Op.DEPENDENCY_RESULTS: dependency_results,
 }

@@ -32,6 +32,7 @@ from ._errors import (
     Conflict,
     ConnectionFailed,
     ConveyorError,
+    DependencyCycle,
     Forbidden,
     Internal,
     InvalidArgument,
@@ -49,6 +50,7 @@ from ._errors import (
 from ._tasks import Task
 from ._types import (
     Fail,
+    Group,
     Job,
     JobEvent,
     JobInfo,
@@ -68,8 +70,10 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConveyorError",
+    "DependencyCycle",
     "Fail",
     "Forbidden",
+    "Group",
     "Internal",
     "InvalidArgument",
     "Job",

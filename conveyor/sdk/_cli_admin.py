@@ -50,7 +50,7 @@ __all__ = [
 EXIT_FAILED = 1  # refused, unreachable, or nothing happened
 EXIT_USAGE = 2  # bad arguments (argparse's own status for them too)
 
-STATES = ("ready", "scheduled", "processing", "completed", "dead")
+STATES = ("ready", "scheduled", "processing", "completed", "dead", "waiting")
 DEFAULT_LIMIT = 50
 # How much of a payload or an error a table cell shows.
 _CELL = 40
@@ -257,6 +257,12 @@ def show_jobs(jobs: Sequence[JobInfo], state: str, now: float) -> str:
     elif state == "completed":
         extra = [Column("COMPLETED"), Column("RESULT", limit=_CELL)]
         cells = [[when(j.completed_at, now, short=True), _json(j.result)] for j in jobs]
+    elif state == "waiting":
+        extra = [Column("ENQUEUED"), Column("WAITING FOR", right=True)]
+        cells = [
+            [when(j.enqueued_at, now, short=True), f"{j.waiting_for} of {len(j.after)}"]
+            for j in jobs
+        ]
     else:  # dead
         extra = [Column("DIED"), Column("ERROR", limit=_CELL)]
         cells = [[when(j.died_at, now, short=True), j.last_error or "-"] for j in jobs]
@@ -310,13 +316,18 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _enqueue(client: Client, args: argparse.Namespace, now: float) -> Outcome:
-    job_id = await client.enqueue(args.queue, args.payload_value, **_options(args))
+    options = _options(args)
+    if args.after:
+        options["after"] = args.after
+    job_id = await client.enqueue(args.queue, args.payload_value, **options)
     text = f"enqueued {job_id} on {args.queue}"
     runs_at = args.run_at
     if args.delay_s is not None:
         runs_at = now + args.delay_s
     if runs_at is not None and runs_at > now:
         text += f", to run at {when(runs_at, now)}"
+    if args.after:
+        text += f", after {len(args.after)} job{'s' if len(args.after) > 1 else ''}"
     return Outcome({"id": job_id}, text)
 
 
@@ -348,6 +359,7 @@ _STATS_COLUMNS = (
     Column("READY", right=True),
     Column("SCHEDULED", right=True),
     Column("PROCESSING", right=True),
+    Column("WAITING", right=True),
     Column("LIMITED", right=True),
     Column("DEAD", right=True),
     Column("PAUSED"),
@@ -374,6 +386,7 @@ def show_stats(queues: dict[str, dict[str, Any]], now: float) -> str:
                 f"{q.get('ready', 0):,}",
                 f"{q.get('scheduled', 0):,}",
                 f"{q.get('processing', 0):,}",
+                f"{q.get('waiting', 0):,}",
                 f"{q.get('limited', 0):,}",
                 f"{q.get('dead', 0):,}",
                 "yes" if q.get("paused") else "no",
@@ -602,6 +615,14 @@ def add_admin_commands(commands: Any) -> None:
         "--partition",
         metavar="KEY",
         help=f"partition key (a tenant, a customer) for per-key limits and fair turns {per_call}",
+    )
+    enqueue.add_argument(
+        "--after",
+        metavar="ID",
+        action="append",
+        default=[],
+        help="run only once the job ID has been acked (repeat for several); if it dies or "
+        f"is cancelled, this job dies too {per_call}",
     )
     connection_args(enqueue)
 

@@ -28,7 +28,7 @@ from ._errors import (
     TooLarge,
 )
 from ._session import EACH_BYTES, Session, split_to_fit
-from ._types import JobEvent, JobInfo, JobPage, ScheduleInfo, SchedulePage
+from ._types import Group, JobEvent, JobInfo, JobPage, ScheduleInfo, SchedulePage
 from ._urls import DEFAULT_URL, Urls, brokers, normalize_url, parse_urls
 from ._wire import MAX_WAIT_S, WireError, encode_payload, raw_json
 
@@ -63,6 +63,13 @@ def _finite(name: str, value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidArgument(f"{name}: must be a finite number, got {value}", field=name)
     return value
+
+
+def _ids(name: str, value: Sequence[str]) -> list[str]:
+    """Job ids as a list (a lone string is refused: it would read as its characters)."""
+    if isinstance(value, str):
+        raise InvalidArgument(f"{name}: must be a list of job ids, got a string", field=name)
+    return list(value)
 
 
 def _when(name: str, value: float | datetime | None) -> float | None:
@@ -249,12 +256,16 @@ class Client:
         key: str | None = None,
         timeout_s: float | None = None,
         partition: str | None = None,
+        after: Sequence[str] | None = None,
     ) -> str:
         """Store one job; return its id. Options as in ``docs/contract.md`` (ENQ-2 to
         ENQ-9); ``None``: not set. ``timeout_s``: the handler's time limit for this job,
         in seconds (it wins over the handler's and the queue's: ``docs/worker.md``).
         ``partition``: the job's partition key (a tenant, a customer), for the queue's
-        per-key limits and fair turns (FLW-3, FLW-5).
+        per-key limits and fair turns (FLW-3, FLW-5). ``after``: ids of jobs (of any
+        queue) it depends on: it is handed out only once each is acked, and its handler
+        reads their results (``await job.dependency_results()``); one that dies or is
+        cancelled makes it die (DEP-1 to DEP-3). Each must still be known to the broker.
 
         Without a ``key`` the SDK makes one, so that a request resent after a lost reply
         is stored once. Enqueues made concurrently (tasks, or a ``SyncClient``'s threads)
@@ -286,13 +297,17 @@ class Client:
             job["timeout_s"] = _finite("timeout_s", timeout_s)
         if partition is not None:
             job["partition"] = partition
-        if len(encoded) > EACH_BYTES:
+        size = len(encoded)
+        if after:
+            job["after"] = ids = _ids("after", after)
+            size += sum(len(str(i)) + 3 for i in ids)  # (their share of the frame)
+        if size > EACH_BYTES:
             # A large payload goes alone, as plain `enqueue`: its frame stays as small as
             # it can be under the broker's frame limit.
             reply = await self._call("enqueue", **job)
             job_id: str = reply["id"]
             return job_id
-        return await self._session.enqueue(job, len(encoded))
+        return await self._session.enqueue(job, size)
 
     async def enqueue_many(
         self,
@@ -308,8 +323,10 @@ class Client:
         backoff_base_s: float | None = None,
         timeout_s: float | None = None,
         partition: str | None = None,
+        after: Sequence[str] | None = None,
     ) -> list[str]:
-        """Store many jobs with the same options; return their ids in order.
+        """Store many jobs with the same options; return their ids in order. (``after``:
+        each depends on those ids, as in ``enqueue``.)
 
         Sent as ``enqueue_batch`` frames of up to 1,000 jobs, fewer when their frame would
         be over the broker's ``max_frame_bytes``; each frame is all or nothing (a bad
@@ -329,6 +346,8 @@ class Client:
             timeout_s=timeout_s,
             partition=partition,
         )
+        if after:
+            options["after"] = _ids("after", after)
         jobs = [
             {"payload": _payload(p, f"jobs[{i}].payload"), "key": _auto_key(), **options}
             for i, p in enumerate(payloads)
@@ -339,6 +358,31 @@ class Client:
                 "enqueue_batch", {"queue": queue, "jobs": batch}, called="enqueue_many"
             )
             ids.extend(reply["ids"])
+        return ids
+
+    async def enqueue_group(self, group: Group) -> list[str]:
+        """Store every job of ``group`` or none (docs/contract.md, DEP-6): their ids, in
+        the order they were added (``ids[i]`` for the member ``group.add`` numbered
+        ``i``). Members name each other by index in ``after``, and stored jobs by id.
+
+        One ``enqueue_group`` frame: at most the broker's ``max_batch`` jobs, within its
+        ``max_frame_bytes``. Each member without a ``key`` gets one made here, so that a
+        request resent after a lost reply stores the group once. Raises
+        ``InvalidArgument`` naming the member and field (``jobs[2].after[0]``: an id the
+        broker does not know), ``DependencyCycle``, ``TooLarge``."""
+        if not group.jobs:
+            return []
+        jobs = []
+        for i, member in enumerate(group.jobs):
+            job = dict(member)
+            job["payload"] = _payload(member["payload"], f"jobs[{i}].payload")
+            for name, value in member.items():
+                if isinstance(value, float):
+                    _finite(f"jobs[{i}].{name}", value)
+            job.setdefault("key", _auto_key())
+            jobs.append(job)
+        reply = await self._call("enqueue_group", jobs=jobs)
+        ids: list[str] = reply["ids"]
         return ids
 
     def _batches(self, queue: str, jobs: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -810,6 +854,11 @@ class SyncClient:
     def enqueue_many(self, queue: str, payloads: Sequence[Any], **options: Any) -> list[str]:
         """``Client.enqueue_many``, blocking."""
         ids: list[str] = self._run(self._c.enqueue_many, queue, payloads, **options)
+        return ids
+
+    def enqueue_group(self, group: Group) -> list[str]:
+        """``Client.enqueue_group``, blocking."""
+        ids: list[str] = self._run(self._c.enqueue_group, group)
         return ids
 
     def get_job(self, job_id: str) -> JobInfo | None:

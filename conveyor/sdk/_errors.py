@@ -5,6 +5,7 @@
     ConveyorError                  .code, .message, .field
      ├── BadJson, BadFrame, UnknownOp         the client sent what the broker cannot read
      ├── InvalidArgument (also ValueError)    a field is missing, mistyped or out of range
+     │    └── DependencyCycle                 a group's jobs depend on each other in a circle
      ├── Unauthorized, Forbidden              no token / a token without the role
      ├── NotFound, TooLarge, LimitExceeded, Conflict, UnsupportedVersion
      ├── Internal                             the broker hit a bug (no details are sent)
@@ -33,6 +34,7 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "ConveyorError",
+    "DependencyCycle",
     "Forbidden",
     "Internal",
     "InvalidArgument",
@@ -79,6 +81,13 @@ class InvalidArgument(ConveyorError, ValueError):
     """A bad argument; ``field`` names it (``"priority"``, ``"jobs[3].delay_s"``)."""
 
     code = ErrorCode.INVALID_ARGUMENT.value
+
+
+class DependencyCycle(InvalidArgument):
+    """``enqueue_group``: members depend on each other in a circle (``field`` names one
+    member's ``after``); nothing was stored."""
+
+    code = ErrorCode.DEPENDENCY_CYCLE.value
 
 
 class Unauthorized(ConveyorError):
@@ -166,6 +175,7 @@ _BY_CODE: dict[str, type[ConveyorError]] = {
         BadFrame,
         UnknownOp,
         InvalidArgument,
+        DependencyCycle,
         Unauthorized,
         Forbidden,
         NotFound,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,6 +11,7 @@ from ._errors import InvalidArgument
 
 __all__ = [
     "Fail",
+    "Group",
     "Job",
     "JobEvent",
     "JobInfo",
@@ -29,7 +30,8 @@ class JobInfo:
 
     id: str
     queue: str
-    # "ready", "scheduled", "processing", "completed" or "dead" (docs/protocol.md, get_job)
+    # "ready", "scheduled", "processing", "completed", "dead" or "waiting" (for its
+    # dependencies: docs/protocol.md, get_job)
     state: str
     payload: Any
     priority: int
@@ -53,10 +55,14 @@ class JobInfo:
     # The latest progress its handler reported (``job.progress``), kept through a retry
     # and once completed; ``None``: none.
     progress: Any = None
+    after: tuple[str, ...] = ()  # the ids of the jobs it depends on, in the order named
+    waiting_for: int = 0  # how many of them are not acked yet (while waiting)
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> JobInfo:
         values: dict[str, Any] = {name: data.get(name) for name in cls.__dataclass_fields__}
+        values["after"] = tuple(values["after"] or ())
+        values["waiting_for"] = values["waiting_for"] or 0
         return cls(**values)
 
 
@@ -206,6 +212,11 @@ class Job:
     partition: str | None = None
     # Takes a progress value (see ``progress``); set by the worker.
     _progress: Callable[[Job, Any], None] | None = field(default=None, repr=False, compare=False)
+    #: How many jobs it depended on (``after``); their results: ``dependency_results()``.
+    dependencies: int = 0
+    _dependency_results: Callable[[], Awaitable[dict[str, Any]]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     async def heartbeat(self) -> bool:
         """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""
@@ -228,6 +239,82 @@ class Job:
         if self._progress is not None:
             self._progress(self, value)
         return _DONE
+
+    async def dependency_results(self) -> dict[str, Any]:
+        """The results of the jobs this one depended on (``after``), by id, in the order
+        its enqueue named them: what each one's handler returned (``None`` for nothing).
+        Every dependency was acked before this job was handed out (docs/contract.md,
+        DEP-1, DEP-2). ``{}`` for a job with none. Fetched from the broker at each call,
+        in pages that fit its frames."""
+        if not self.dependencies or self._dependency_results is None:
+            return {}
+        return await self._dependency_results()
+
+
+class Group:
+    """A tree of jobs to enqueue at once, all or nothing (``Client.enqueue_group``).
+
+    ``add`` takes ``Client.enqueue``'s arguments and returns the member's index: pass it
+    in a later (or earlier) member's ``after``, beside ids of jobs already stored::
+
+        group = Group()
+        split = group.add("split", {"file": "a.csv"})
+        parts = [group.add("part", i, after=[split]) for i in range(100)]
+        total = group.add("sum", None, after=parts)
+        ids = await client.enqueue_group(group)  # ids[total] is the last job's id
+
+    A member whose ``key`` is taken gets that job's id and adds no dependencies; a cycle
+    among members is refused (``DependencyCycle``), and so is the whole group when one
+    member is bad (``InvalidArgument`` naming ``jobs[i].<field>``).
+    """
+
+    __slots__ = ("jobs",)
+
+    def __init__(self) -> None:
+        self.jobs: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        after: Sequence[str | int] = (),
+        priority: int = 0,
+        delay_s: float | None = None,
+        run_at: float | None = None,
+        expires_s: float | None = None,
+        visibility_timeout_s: float | None = None,
+        max_attempts: int | None = None,
+        backoff_base_s: float | None = None,
+        key: str | None = None,
+        timeout_s: float | None = None,
+        partition: str | None = None,
+    ) -> int:
+        """Add one job; its index in the group (what ``after`` names it by). Raises
+        ``InvalidArgument`` for an ``after`` that is a lone string (not a list of them)."""
+        if isinstance(after, str):
+            raise InvalidArgument(
+                "after: must be a list of job ids and member indexes, got a string",
+                field="after",
+            )
+        options = {
+            "delay_s": delay_s,
+            "run_at": run_at,
+            "expires_s": expires_s,
+            "visibility_timeout_s": visibility_timeout_s,
+            "max_attempts": max_attempts,
+            "backoff_base_s": backoff_base_s,
+            "key": key,
+            "timeout_s": timeout_s,
+            "partition": partition,
+        }
+        job = {"queue": queue, "payload": payload, "priority": priority, "after": list(after)}
+        job.update({name: value for name, value in options.items() if value is not None})
+        self.jobs.append(job)
+        return len(self.jobs) - 1
 
 
 def _check_delay(delay_s: Any) -> None:

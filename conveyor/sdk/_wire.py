@@ -190,6 +190,8 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
     # The broker is shutting down and takes no new work; reconnect elsewhere or later.
     UNAVAILABLE = "unavailable"
+    # The jobs of an enqueue_group depend on each other in a circle; `field` names one.
+    DEPENDENCY_CYCLE = "dependency_cycle"
 
 
 class Role(StrEnum):
@@ -253,6 +255,8 @@ class Op(StrEnum):
     PROGRESS = "progress"
     WATCH_JOB = "watch_job"
     UNWATCH_JOB = "unwatch_job"
+    ENQUEUE_GROUP = "enqueue_group"
+    DEPENDENCY_RESULTS = "dependency_results"
 
 
 class Push(StrEnum):
@@ -597,6 +601,14 @@ _JOB_OPTIONS = (
     Field("timeout_s", Kind.NUMBER),
     # The job's partition key for flow control (docs/contract.md, FLW-3).
     Field("partition", Kind.STRING),
+    # The ids of the jobs it waits for (docs/contract.md, DEP-1).
+    Field("after", Kind.STRINGS, default=()),
+)
+# A member of an ``enqueue_group``: its ``after`` may also name members by index (DEP-6),
+# so its entries are strings or integers, checked by the engine (``after[i]``).
+_MEMBER_OPTIONS = (
+    *(f for f in _JOB_OPTIONS if f.name != "after"),
+    Field("after", Kind.ANY, default=()),
 )
 # A queue's flow-control limits (docs/contract.md, FLW-1), flat in ``set_limits``: an
 # absent count means no such limit, an absent period one second.
@@ -627,7 +639,7 @@ SCHEDULE_FIELDS: Final = (
     Field("paused", Kind.BOOLEAN, default=False),
     # The options of the job each tick makes: an enqueue's, but for those the tick
     # decides (its time) and the schedule does (its key).
-    *(f for f in _JOB_OPTIONS if f.name not in {"delay_s", "run_at", "key"}),
+    *(f for f in _JOB_OPTIONS if f.name not in {"delay_s", "run_at", "key", "after"}),
 )
 #: What a schedule's info adds to its definition's fields (``list_schedules``).
 SCHEDULE_STATE_FIELDS: Final = (
@@ -699,6 +711,25 @@ _SPECS = (
                 items=(_QUEUE, Field("payload", Kind.ANY, required=True), *_JOB_OPTIONS),
             ),
         ),
+    ),
+    OpSpec(
+        Op.ENQUEUE_GROUP,
+        _PUBLISHING,
+        (
+            Field(
+                "jobs",
+                Kind.OBJECTS,
+                required=True,
+                nonempty=True,
+                batch=True,
+                items=(_QUEUE, Field("payload", Kind.ANY, required=True), *_MEMBER_OPTIONS),
+            ),
+        ),
+    ),
+    OpSpec(
+        Op.DEPENDENCY_RESULTS,
+        frozenset({_P, _W, _A, _R}),
+        (_ID, Field("offset", Kind.INTEGER, default=0)),
     ),
     OpSpec(Op.GET_JOB, frozenset({_P, _W, _A, _R}), (_ID,)),
     OpSpec(Op.WAIT, frozenset({_P, _A, _R}), (_ID, Field("timeout_s", Kind.NUMBER, required=True))),
@@ -1209,6 +1240,10 @@ class JobSnapshot(Protocol):
     def completed_at(self) -> float | None: ...
     @property
     def progress_json(self) -> bytes | None: ...
+    @property
+    def after(self) -> tuple[str, ...]: ...
+    @property
+    def waiting_for(self) -> int: ...
 
 
 class ClaimSnapshot(Protocol):
@@ -1236,6 +1271,8 @@ class ClaimSnapshot(Protocol):
     def timeout_s(self) -> float | None: ...
     @property
     def partition(self) -> str | None: ...
+    @property
+    def dependencies(self) -> int: ...
 
 
 #: The members of a job object in a ``get_job`` reply, in order (docs/protocol.md, "get_job").
@@ -1265,6 +1302,8 @@ JOB_INFO_FIELDS: Final = (
     "result",
     "completed_at",
     "progress",
+    "after",
+    "waiting_for",
 )
 
 #: The members of each job of a ``jobs`` push, in order (docs/protocol.md, "Pushes").
@@ -1280,13 +1319,14 @@ PUSHED_JOB_FIELDS: Final = (
     "visibility_timeout_s",
     "timeout_s",
     "partition",
+    "dependencies",
 )
 
 
 #: The states a job object's ``state`` names (docs/protocol.md, "get_job"), in the order a
 #: job usually passes them. A stored job is ``pending``, ``processing`` or ``dead``; a
 #: pending one is ``ready`` once its ``ready_at`` has come, ``scheduled`` before.
-JOB_STATES: Final = ("ready", "scheduled", "processing", "completed", "dead")
+JOB_STATES: Final = ("ready", "scheduled", "processing", "completed", "dead", "waiting")
 
 
 def job_state(job: JobSnapshot, now: float) -> str:
@@ -1325,6 +1365,8 @@ def job_info(job: JobSnapshot, now: float) -> dict[str, Any]:
         "result": None if (result := job.result_json) is None else raw_json(result),
         "completed_at": job.completed_at,
         "progress": None if (progress := job.progress_json) is None else raw_json(progress),
+        "after": list(job.after),
+        "waiting_for": job.waiting_for,
     }
 
 
@@ -1346,6 +1388,7 @@ def pushed_job(claim: ClaimSnapshot) -> dict[str, Any]:
         "visibility_timeout_s": claim.visibility_timeout_s,
         "timeout_s": claim.timeout_s,
         "partition": claim.partition,
+        "dependencies": claim.dependencies,
     }
 
 

@@ -511,6 +511,8 @@ class Worker:
             timeout_s=data.get("timeout_s"),
             partition=data.get("partition"),
             _progress=self._on_progress,
+            dependencies=data.get("dependencies") or 0,
+            _dependency_results=lambda: dependency_results(session, job_id),
         )
 
     # -- progress -------------------------------------------------------------------------
@@ -964,3 +966,16 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+async def dependency_results(session: Session, job_id: str) -> dict[str, Any]:
+    """The results of ``job_id``'s dependencies, by id, read page by page (docs/protocol.md,
+    ``dependency_results``)."""
+    found: dict[str, Any] = {}
+    offset: int | None = 0
+    while offset is not None:
+        reply = await session.request("dependency_results", {"id": job_id, "offset": offset})
+        for entry in reply.get("results") or ():
+            found[entry["id"]] = entry.get("result")
+        offset = reply.get("next")
+    return found

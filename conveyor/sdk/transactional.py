@@ -14,8 +14,9 @@ only if the transaction commits, and the brokers push it to a worker once it has
         job_id = await enqueue_tx_async(conn, "emails", {"order": order_id})
 
 Both call the database function ``conveyor_enqueue`` (the broker's schema, version 3 on;
-a ``partition`` needs version 9), which checks and resolves the options as the broker
-does (``docs/contract.md``, ENQ-2 to ENQ-10, FLW-3). A refused job raises the error
+a ``partition`` needs version 9, ``after`` the version with dependencies), which checks
+and resolves the options as the broker does (``docs/contract.md``, ENQ-2 to ENQ-10,
+FLW-3, DEP-7). A refused job raises the error
 ``Client.enqueue`` raises for it: ``InvalidArgument`` or ``TooLarge``, naming the field.
 Like any failed statement, a refused one leaves the transaction aborted: roll back, or
 call inside a savepoint (``conn.transaction()`` nested) to carry on without the job.
@@ -27,6 +28,7 @@ driver it is, so asyncpg needs installing only by those who use it.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from ._errors import ConveyorError, InvalidArgument, TooLarge
@@ -68,11 +70,20 @@ def _asyncpg_sql(casts: tuple[tuple[str, str], ...]) -> str:
     )
 
 
-# A job with a partition key names the argument (schema 9 on); one without does not, so
-# that it still works on a database of an older schema.
-_PART = (*_CASTS, ("partition", "text"))
-_PSYCOPG_SQL = {False: _psycopg_sql(_CASTS), True: _psycopg_sql(_PART)}
-_ASYNCPG_SQL = {False: _asyncpg_sql(_CASTS), True: _asyncpg_sql(_PART)}
+# A job with a partition key names the argument (schema 9 on), and one with dependencies
+# ``after`` (the schema with dependencies); one without does not, so that it still works
+# on a database of an older schema. Keyed by (partition given, after given).
+_VARIANTS = {
+    (part, after): (
+        *_CASTS,
+        *((("partition", "text"),) if part else ()),
+        *((("after", "text[]"),) if after else ()),
+    )
+    for part in (False, True)
+    for after in (False, True)
+}
+_PSYCOPG_SQL = {named: _psycopg_sql(casts) for named, casts in _VARIANTS.items()}
+_ASYNCPG_SQL = {named: _asyncpg_sql(casts) for named, casts in _VARIANTS.items()}
 
 # The codes the function's refusals start with, and the SDK's error for each.
 _REFUSALS: dict[str, type[ConveyorError]] = {
@@ -102,6 +113,7 @@ def enqueue_tx(
     key: str | None = None,
     timeout_s: float | None = None,
     partition: str | None = None,
+    after: Sequence[str] | None = None,
 ) -> str:
     """Store one job in ``conn``'s current transaction (a psycopg 3 connection or
     cursor); return its id. The job is there for the brokers when that transaction
@@ -112,13 +124,15 @@ def enqueue_tx(
     (ENQ-10); unlike ``Client.enqueue`` no key is made up when none is given, since the
     transaction, not a resend, decides whether the job is stored. ``partition`` is the
     job's partition key (FLW-3: at most 1,024 characters; ``None`` or ``""`` for none),
-    which holds it to its queue's per-key limits and turns. Raises
+    which holds it to its queue's per-key limits and turns. ``after``: the ids of jobs it
+    waits for (DEP-1: it runs once each has been acked; each must be a job the table
+    holds, and is held until the transaction ends). Raises
     ``InvalidArgument`` or ``TooLarge`` (naming the field) for a refused job, and the
     driver's own errors for anything else.
     """
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key, timeout_s, partition,
+        max_attempts, backoff_base_s, key, timeout_s, partition, after,
     )  # fmt: skip
     if _driver(conn) != "psycopg" or inspect.iscoroutinefunction(conn.execute):
         raise TypeError(
@@ -126,7 +140,7 @@ def enqueue_tx(
             f"{_name(conn)} (use enqueue_tx_async for an AsyncConnection or asyncpg)"
         )
     try:
-        row = conn.execute(_PSYCOPG_SQL[len(params) > len(_CASTS) + 2], params).fetchone()
+        row = conn.execute(_PSYCOPG_SQL[_variant(params)], params).fetchone()
     except Exception as exc:
         _raise_refusal(exc)
         raise
@@ -148,20 +162,21 @@ async def enqueue_tx_async(
     key: str | None = None,
     timeout_s: float | None = None,
     partition: str | None = None,
+    after: Sequence[str] | None = None,
 ) -> str:
     """``enqueue_tx`` on a psycopg 3 ``AsyncConnection`` (or ``AsyncCursor``) or an
     asyncpg connection (or a pool's connection): the job is stored in the connection's
     current transaction."""
     params = _params(
         queue, payload, priority, delay_s, run_at, expires_s, visibility_timeout_s,
-        max_attempts, backoff_base_s, key, timeout_s, partition,
+        max_attempts, backoff_base_s, key, timeout_s, partition, after,
     )  # fmt: skip
     try:
         if _is_asyncpg(conn):
-            value = await conn.fetchval(_ASYNCPG_SQL[len(params) > len(_CASTS) + 2], *params)
+            value = await conn.fetchval(_ASYNCPG_SQL[_variant(params)], *params)
             return _job_id(None if value is None else (value,))
         if _is_psycopg_async(conn):
-            cur = await conn.execute(_PSYCOPG_SQL[len(params) > len(_CASTS) + 2], params)
+            cur = await conn.execute(_PSYCOPG_SQL[_variant(params)], params)
             return _job_id(await cur.fetchone())
     except Exception as exc:
         _raise_refusal(exc)
@@ -207,8 +222,10 @@ def _params(
     key: Any,
     timeout_s: Any,
     partition: Any,
+    after: Any = None,
 ) -> tuple[Any, ...]:
-    """The function's arguments, in its order (``partition`` only when there is one).
+    """The function's arguments, in its order (``partition`` and ``after`` only when
+    given: a partition key as a str, the ids as a list, told apart by ``_variant``).
     Here are only the checks SQL's types cannot make (a bool or a float where an int
     belongs, a string PostgreSQL cannot hold); the function checks every value's range,
     for every language alike."""
@@ -217,19 +234,40 @@ def _params(
     except WireError as exc:
         raise InvalidArgument(exc.message, field=exc.field) from None
     part = _text("partition", partition, null=True)
+    if after is None:
+        ids: list[str | None] = []
+    elif isinstance(after, list | tuple):
+        ids = [_text(f"after[{i}]", job_id, null=False) for i, job_id in enumerate(after)]
+    else:
+        raise InvalidArgument(
+            f"after: must be a list of job ids, got {type(after).__name__}", field="after"
+        )
     return (
-        _text("queue", queue, null=False),
-        data.decode("utf-8"),
-        _int("priority", 0 if priority is None else priority),
-        _float("delay_s", delay_s),
-        _float("run_at", run_at),
-        _float("expires_s", expires_s),
-        _float("visibility_timeout_s", visibility_timeout_s),
-        None if max_attempts is None else _int("max_attempts", max_attempts),
-        _float("backoff_base_s", backoff_base_s),
-        _text("key", key, null=True),
-        _float("timeout_s", timeout_s),
-    ) + (() if not part else (part,))
+        (
+            _text("queue", queue, null=False),
+            data.decode("utf-8"),
+            _int("priority", 0 if priority is None else priority),
+            _float("delay_s", delay_s),
+            _float("run_at", run_at),
+            _float("expires_s", expires_s),
+            _float("visibility_timeout_s", visibility_timeout_s),
+            None if max_attempts is None else _int("max_attempts", max_attempts),
+            _float("backoff_base_s", backoff_base_s),
+            _text("key", key, null=True),
+            _float("timeout_s", timeout_s),
+        )
+        + (() if not part else (part,))
+        + (() if not ids else (ids,))
+    )
+
+
+def _variant(params: tuple[Any, ...]) -> tuple[bool, bool]:
+    """Which of the function's last arguments ``params`` carries: (partition, after)."""
+    extra = params[len(_CASTS) + 2 :]
+    return (
+        any(isinstance(value, str) for value in extra),
+        any(isinstance(value, list) for value in extra),
+    )
 
 
 def _int(field: str, value: Any) -> int:

@@ -831,7 +831,7 @@ async function clearLimits() {
 // asked for again when the feed's counts for its queue change (at most once a second) or
 // on the operator's action; it is never polled.
 
-const JOB_STATES = ["ready", "scheduled", "processing", "completed", "dead"];
+const JOB_STATES = ["ready", "scheduled", "processing", "completed", "dead", "waiting"];
 const JOBS_LIMIT = 20;
 const JOBS_REFRESH_MS = 1000; // the most often the open page is asked for again
 const SEARCH_DEBOUNCE_MS = 300;
@@ -844,6 +844,7 @@ const TIME_OF_STATE = {
   processing: ["Running since", (job) => job.claimed_at, "when its worker took it"],
   completed: ["Completed at", (job) => job.completed_at, "when its ack landed"],
   dead: ["Died at", (job) => job.died_at, "when it died"],
+  waiting: ["Waiting since", (job) => job.enqueued_at, "when it was enqueued: it waits for the jobs it depends on"],
 };
 
 const listing = {
@@ -1568,11 +1569,25 @@ const JOB_FIELDS = [
   ["died_at", "time"],
   ["completed_at", "time"],
   ["key", "text"],
+  ["waiting_for", "count"],
+  ["after", "jobs"],
   ["payload", "json"],
   ["result", "json"],
 ];
 // Shown only for a completed job: the result its handler returned, and when it was acked.
 const COMPLETED_FIELDS = new Set(["completed_at", "result"]);
+// Shown only for a job with dependencies: how many it still waits for, and which they are.
+const DEPENDENCY_FIELDS = new Set(["waiting_for", "after"]);
+
+// The ids of other jobs (a job's dependencies), each a link that follows it here.
+function jobLinks(ids) {
+  const list = el("ul", { class: "job-links" });
+  for (const id of Array.isArray(ids) ? ids : []) {
+    const text = String(id);
+    list.append(el("li", {}, el("button", { type: "button", class: "link mono", text, title: "Follow this job", onclick: () => followJob(text) })));
+  }
+  return list;
+}
 
 // A job's progress as its handler reported it (job.progress): [fraction, label]. A number
 // from 0 to 1 is a fraction, so is an object's `value`; an object's `message` is shown
@@ -1663,14 +1678,16 @@ function renderJob(job, at) {
   const known = new Set(JOB_FIELDS.map(([key]) => key));
   const fields = JOB_FIELDS.concat(Object.keys(job).filter((k) => !known.has(k)).map((k) => [k, "text"]));
   // Short values two to a row (when the card is wide), long ones across, after them.
-  const isWide = ([key, kind]) => kind === "json" || (typeof job[key] === "string" && job[key].length > 40);
+  const isWide = ([key, kind]) => kind === "json" || kind === "jobs" || (typeof job[key] === "string" && job[key].length > 40);
   const ordered = fields.filter((f) => !isWide(f)).concat(fields.filter(isWide));
   for (const [key, kind] of ordered) {
     if (COMPLETED_FIELDS.has(key) && job.state !== "completed") continue;
     if (kind === "progress" && (job[key] === null || job[key] === undefined)) continue;
+    if (DEPENDENCY_FIELDS.has(key) && !(Array.isArray(job.after) && job.after.length)) continue;
     let value;
     if (kind === "progress") value = progressView(job[key]);
     else if (kind === "state") value = el("span", { class: `pill state-${job.state}`, text: String(job.state) });
+    else if (kind === "jobs") value = jobLinks(job[key]);
     else if (kind === "json") value = el("pre", { class: "payload", text: fmtField(kind, job[key], at) });
     else value = fmtField(kind, job[key], at);
     const wide = isWide([key, kind]);

@@ -75,6 +75,7 @@ def assert_same(live: JobTable, path: Path, clock: ManualClock) -> None:
     for n in range(1, live._seq + 1):
         job_id = f"{live.id_prefix}{n:x}"
         assert restored.get_job(job_id) == live.get_job(job_id), job_id
+        assert restored.dependency_results(job_id) == live.dependency_results(job_id), job_id
     for name in live.queues():
         assert restored.queue(name).stats() == live.queue(name).stats(), name
     assert restored.list_schedules(limit=1000) == live.list_schedules(limit=1000)

@@ -224,6 +224,34 @@ def test_a_sync_enqueue_with_a_partition_key(dsn: str) -> None:
         assert cur.fetchone() == ("tenant-7",)
 
 
+async def test_a_job_waits_for_the_jobs_named_in_after_whichever_driver_dep_1_dep_7(
+    dsn: str, broker: tuple[PostgresBackend, SteppedScheduler, Heard]
+) -> None:
+    backend, _, heard = broker
+    (dep,) = await backend.enqueue([Enqueue("deps", "a")])
+    assert isinstance(dep, str)
+    async with await _app(dsn) as conn:
+        async with conn.transaction():
+            waits = await enqueue_tx_async(conn, "q", 1, after=[dep], partition="t")
+        async with conn.transaction():
+            with pytest.raises(InvalidArgument) as caught:
+                await enqueue_tx_async(conn, "q", 2, after=[dep, "j-ffff"])
+        assert caught.value.field == "after[1]"
+    also = await _asyncpg(dsn, queue="q", payload=3, after=(dep,))
+    with pytest.raises(InvalidArgument) as caught:
+        await _asyncpg(dsn, queue="q", payload=4, after=dep)
+    assert caught.value.field == "after"
+    jobs = await backend.get_jobs([waits, also])
+    assert [(j.state.value, j.after) for j in jobs if j is not None] == [("waiting", (dep,))] * 2
+    ((claimed,),) = await backend.claim([Claim("w", ("deps", "q"), 5)])
+    assert claimed.id == dep
+    heard.forget()
+    await backend.ack([(dep, claimed.lease)])
+    assert heard.told_work("q")
+    (taken,) = await backend.claim([Claim("w", ("q",), 5)])
+    assert sorted(c.id for c in taken) == sorted([waits, also])
+
+
 def migrate_sync(conn: psycopg.Connection[Any]) -> None:
     """The schema made on ``conn``'s database (as a broker makes it at its start)."""
 

@@ -104,13 +104,14 @@ def test_stats_prints_a_table_whose_columns_fit(broker_process: str) -> None:
     assert len(lines) == 2
     head, row = lines
     assert head.split() == [
-        "QUEUE", "READY", "SCHEDULED", "PROCESSING", "LIMITED", "DEAD", "PAUSED", "OLDEST",
+        "QUEUE", "READY", "SCHEDULED", "PROCESSING", "WAITING", "LIMITED", "DEAD", "PAUSED",
+        "OLDEST",
         "READY", "ENQUEUED", "COMPLETED",
     ]  # fmt: skip
     # The queue's column is as wide as its name; numbers end under their headings.
     assert head.startswith(f"QUEUE{' ' * (len(queue) - 5)}  READY")
     assert row.startswith(f"{queue}     12          1")
-    assert row.split()[6] == "no"
+    assert row.split()[7] == "no"
     # Every queue, by name, without --queue.
     every = text("stats", "--url", url).splitlines()
     assert any(line.startswith(f"{queue} ") for line in every)
@@ -153,6 +154,23 @@ def test_enqueue_takes_a_partition(broker_process: str) -> None:
     url, queue = broker_process, queue_name()
     job_id = as_json("enqueue", queue, "{}", "--partition", "acme", "--url", url)["id"]
     assert as_json("job", job_id, "--url", url)["partition"] == "acme"
+
+
+def test_enqueue_after_makes_a_waiting_job_listed_and_counted_dep_1(broker_process: str) -> None:
+    url, queue = broker_process, queue_name()
+    first = as_json("enqueue", queue, "1", "--delay", "600", "--url", url)["id"]
+    second = as_json("enqueue", queue, "2", "--url", url)["id"]
+    out = text("enqueue", queue, "3", "--after", first, "--after", second, "--url", url)
+    assert re.fullmatch(rf"enqueued (\S+) on {queue}, after 2 jobs\n", out), out
+    waiting = as_json("jobs", queue, "--state", "waiting", "--url", url)
+    (job,) = waiting["jobs"]
+    assert job["state"] == "waiting" and job["after"] == [first, second]
+    assert job["waiting_for"] == 2 and waiting["total"] == 1
+    table = text("jobs", queue, "--state", "waiting", "--url", url)
+    assert "WAITING FOR" in table and "2 of 2" in table
+    assert as_json("stats", "--queue", queue, "--url", url)[queue]["waiting"] == 1
+    refused = run("enqueue", queue, "4", "--after", "no-such-job", "--url", url)
+    assert refused.returncode != 0 and "after[0]" in refused.stderr
 
 
 def test_stats_json_keeps_its_shape(broker_process: str) -> None:
@@ -270,7 +288,7 @@ def test_pause_and_resume_a_queue(broker_process: str) -> None:
     as_json("enqueue", queue, "1", "--url", url)
     assert text("pause", queue, "--url", url) == f"paused {queue}\n"
     assert as_json("stats", "--queue", queue, "--url", url)[queue]["paused"] is True
-    assert text("stats", "--queue", queue, "--url", url).splitlines()[1].split()[6] == "yes"
+    assert text("stats", "--queue", queue, "--url", url).splitlines()[1].split()[7] == "yes"
     assert as_json("resume", queue, "--url", url) == {"queue": queue, "paused": False}
     assert as_json("stats", "--queue", queue, "--url", url)[queue]["paused"] is False
     assert as_json("pause", queue, "--url", url) == {"queue": queue, "paused": True}
@@ -542,7 +560,7 @@ def test_per_call_options_are_only_the_requests_own() -> None:
     assert per_call == {
         ("enqueue", "--priority"), ("enqueue", "--delay"), ("enqueue", "--run-at"),
         ("enqueue", "--expires"), ("enqueue", "--max-attempts"), ("enqueue", "--key"),
-        ("enqueue", "--time-limit"), ("enqueue", "--partition"),
+        ("enqueue", "--time-limit"), ("enqueue", "--partition"), ("enqueue", "--after"),
         ("limits", "--concurrency"), ("limits", "--rate"), ("limits", "--burst"),
         ("limits", "--partition-concurrency"), ("limits", "--partition-rate"),
         ("limits", "--partition-burst"), ("limits", "--clear"),

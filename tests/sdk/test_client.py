@@ -147,6 +147,7 @@ async def test_stats_per_queue_as_plain_data(client: Client) -> None:
         "processing": 0,
         "dead": 0,
         "completed": 0,
+        "waiting": 0,
         "paused": False,
         "oldest_ready_at": first.ready_at,
         "totals": {

@@ -230,7 +230,7 @@ def check_answers(frame: str | bytes, answers: list[dict[str, Any]], want: Expec
     assert answer["rid"] == want.rid, where
     if answer["ok"] is True:
         assert want.code is None and want.rid is not None, where
-        for result in answer.get("results", []):  # enqueue_each: each job's own outcome
+        for result in answer.get("results") or []:  # enqueue_each: each job's own outcome
             assert "id" in result or result["error"]["code"] in CODES, where
         return
     assert answer["ok"] is False, where

@@ -102,7 +102,7 @@ class ReferenceCollector(Collector):
         }
         for name in self.table.queues():
             stats = self.table.queue(name).stats()
-            for state in ("ready", "scheduled", "processing", "dead"):
+            for state in ("ready", "scheduled", "processing", "dead", "waiting"):
                 jobs.add_metric([name, state], getattr(stats, state))
             paused.add_metric([name], 1.0 if stats.paused else 0.0)
             oldest = stats.oldest_ready_at
@@ -240,7 +240,7 @@ def test_a_table_of_five_thousand_queues_renders_every_queue() -> None:
     body = Metrics(stats_of(table), workers=lambda: 0, connections=lambda: 0).render()
 
     got: dict[str, Any] = {name: found for name, _type, _help, found in families(body.decode())}
-    assert len(got["conveyor_queue_jobs"]) == 4 * 5_000
+    assert len(got["conveyor_queue_jobs"]) == 5 * 5_000
     assert len(got["conveyor_queue_paused"]) == 5_000
     enqueued = {labels["queue"]: value for _, labels, value in got["conveyor_jobs_enqueued"]}
     assert len(enqueued) == 5_000

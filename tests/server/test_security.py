@@ -43,6 +43,8 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
     ("enqueue", {"queue": "q", "payload": 1}),
     ("enqueue_batch", {"queue": "q", "jobs": [{"payload": 2}]}),
     ("enqueue_each", {"jobs": [{"queue": "q", "payload": 3}]}),
+    ("enqueue_group", {"jobs": [{"queue": "q", "payload": 4}]}),
+    ("dependency_results", {"id": "no-such-job"}),
     ("get_job", {"id": "no-such-job"}),
     ("wait", {"id": "no-such-job", "timeout_s": 0}),
     ("cancel", {"id": "no-such-job"}),
@@ -83,6 +85,8 @@ ALLOWED = {
         "enqueue",
         "enqueue_batch",
         "enqueue_each",
+        "enqueue_group",
+        "dependency_results",
         "get_job",
         "wait",
         "watch_job",
@@ -105,6 +109,7 @@ ALLOWED = {
         "back_off",
         "progress",
         "get_job",
+        "dependency_results",
     },
     Role.READ: {
         "get_job",
@@ -115,6 +120,7 @@ ALLOWED = {
         "list_jobs",
         "list_schedules",
         "watch",
+        "dependency_results",
     },
     Role.ADMIN: {op for op, _ in REQUESTS},
 }

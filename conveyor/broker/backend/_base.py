@@ -234,6 +234,9 @@ class Enqueue(NamedTuple):
     key: str | None = None
     timeout_s: float | None = None
     partition: str | None = None
+    # The ids of the jobs it waits for (DEP-1); in ``enqueue_group`` an ``int`` names a
+    # member of the group by its index.
+    after: tuple[str | int, ...] = ()
 
 
 class Finished(NamedTuple):
@@ -318,6 +321,12 @@ class Claimed(Protocol):
         """When the job became claimable for this claim: its ready time, or its enqueue."""
         ...
 
+    @property
+    def dependencies(self) -> int:
+        """How many jobs it depended on (DEP-2: their results are
+        ``Backend.dependency_results``); 0 for none."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -392,6 +401,20 @@ class Backend(Protocol):
     def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> Pending[list[str]]:
         """Enqueue every job on ``queue`` or none (ENQ-11); their ids, in order. Raises
         ``InvalidArgument`` naming the job (``jobs[3].delay_s``)."""
+        ...
+
+    def enqueue_group(self, jobs: Sequence[Enqueue]) -> Pending[list[str]]:
+        """Enqueue every job or none (DEP-6), each on its own queue (made on first use),
+        whose ``after`` may name members of the group by index as well as stored jobs
+        by id; their ids, in order (a member whose key is taken gets that job's id and
+        adds no edges: DEP-8). Raises ``InvalidArgument`` naming the member and field
+        (``jobs[3].after[0]``: an unknown id, DEP-7), or ``DependencyCycle`` (DEP-4)."""
+        ...
+
+    def dependency_results(self, job_id: str) -> Pending[list[tuple[str, bytes | None]] | None]:
+        """The results of ``job_id``'s dependencies whose acks landed, as ``(id, encoded
+        JSON or None)`` in the order its enqueue named them (DEP-2): all of them once it
+        is claimable. ``None``: no such job."""
         ...
 
     def claim(
@@ -544,8 +567,9 @@ class Backend(Protocol):
         search: str | None = None,
     ) -> Pending[JobList | None]:
         """A page of ``queue``'s jobs in ``state`` (``ready``, ``scheduled``,
-        ``processing``, ``dead`` or ``completed``), in that state's order, starting after the key
-        ``after`` (LST-1 to LST-4: the orders and keys are ``engine.Queue.list_jobs``');
+        ``processing``, ``dead``, ``completed`` or ``waiting``), in that state's order,
+        starting after the key ``after`` (LST-1 to LST-4: the orders and keys are
+        ``engine.Queue.list_jobs``');
         with ``search``, at most ``engine.SEARCH_SCAN`` jobs are looked at. ``None``: no
         such queue. Raises ``InvalidArgument`` for a bad state, limit or key."""
         ...

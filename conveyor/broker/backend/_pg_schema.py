@@ -25,6 +25,8 @@ Tables:
 * ``conveyor_enqueue``: an enqueue an application makes in its own transaction, from
   any language (v3, docs/postgres.md): the engine's guards, resolution and keys in SQL,
   its refusals raised as ``<code>: <field>: <problem>``.
+* ``conveyor_deps``: job dependencies, an edge per dependency a job named (see
+  ``_V_DEPS_TABLES``), and the functions that follow them (``conveyor_deps_*``).
 """
 
 from __future__ import annotations
@@ -1645,6 +1647,399 @@ ALTER TABLE conveyor_brokers ADD COLUMN follower text;
 CREATE INDEX conveyor_follows_broker ON conveyor_follows (broker);
 """
 
+# Dependencies (docs/contract.md, DEP-1 on). A job enqueued with ``after`` has a row of
+# ``conveyor_deps`` per dependency named (``job``: the dependent, ``pos``: its place in
+# ``after``, ``dep``: the dependency), indexed by ``dep`` while not met, so that an ack,
+# a death or a cancel finds the jobs waiting for it by one probe, never a scan. An ack
+# landing on a dependency sets ``met`` and stores its result on the edge. The job's
+# ``deps`` (how many it named) and ``waiting_for`` (how many not met, while waiting) are
+# columns of its row. A waiting job's state is 'waiting': its ``due`` is NULL, so no
+# claim index holds it, no partition line knows it (the insert trigger files no news
+# of it) and no count takes it for ready; its release (waiting -> pending, by
+# conveyor_deps_met) is an update the triggers count, tell ("w:") and file in its
+# partition's line as any row put back to pending. A dependency that dies (an update to
+# dead, from wherever: a report, a sweep, a claim meeting an expired or used-up row) makes
+# the jobs waiting for it die in the same statement, transitively: the update trigger
+# calls conveyor_deps_doom, which walks the chain level by level (its own updates do not
+# walk again: ``conveyor.dooming`` is set while it runs). An ack and a cancel call their
+# function themselves, in a statement after the one that changed the job (so that it
+# sees the edges an enqueue that held the job committed meanwhile). The edges of a job
+# go with it (the delete trigger).
+_V_DEPS_TABLES = """
+ALTER TABLE conveyor_jobs DROP CONSTRAINT conveyor_jobs_state_check;
+ALTER TABLE conveyor_jobs ADD CONSTRAINT conveyor_jobs_state_check
+    CHECK (state IN ('pending', 'processing', 'dead', 'completed', 'waiting'));
+ALTER TABLE conveyor_jobs ADD COLUMN deps int NOT NULL DEFAULT 0,
+    ADD COLUMN waiting_for int NOT NULL DEFAULT 0;
+ALTER TABLE conveyor_counts ADD COLUMN n_waiting bigint NOT NULL DEFAULT 0;
+CREATE INDEX conveyor_jobs_waiting ON conveyor_jobs (queue, enqueued_at, seq)
+    WHERE state = 'waiting';
+CREATE TABLE conveyor_deps (
+    job bigint NOT NULL,
+    pos int NOT NULL,
+    dep bigint NOT NULL,
+    met boolean NOT NULL DEFAULT false,
+    result bytea,
+    PRIMARY KEY (job, pos)
+);
+CREATE INDEX conveyor_deps_unmet ON conveyor_deps (dep) WHERE NOT met;
+"""
+
+_V_DEPS_FUNCTIONS = """
+-- A dependent's last error when its dependency ``id`` died of ``error`` (DEP-3), cut
+-- to the length of any error (LIM-3), as the engine's _died.
+CREATE FUNCTION conveyor_dep_died(id text, error text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN length(t) > 4096 THEN left(t, 4093) || '...' ELSE t END
+    FROM (SELECT 'dependency ' || id || ' died: ' || coalesce(error, 'failed') AS t) x
+$$;
+
+-- Jobs ``seqs`` died or were cancelled: each job waiting for one of them dies at p_now
+-- with the message given for it (``whys``), and so on down the chain, one level per
+-- statement, each level's rows locked in seq order (DEP-3, DEP-13).
+CREATE FUNCTION conveyor_deps_doom(seqs bigint[], whys text[], p_now float8)
+RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    pre text := (SELECT m.id_prefix FROM conveyor_meta m);
+BEGIN
+    PERFORM set_config('conveyor.dooming', 'on', true);
+    WHILE cardinality(seqs) > 0 LOOP
+        WITH w AS (
+            SELECT DISTINCT ON (d.job) d.job, f.why
+            FROM unnest(seqs, whys) AS f(seq, why)
+            JOIN conveyor_deps d ON d.dep = f.seq AND NOT d.met
+            ORDER BY d.job, f.seq
+        ), l AS (
+            SELECT j.seq FROM conveyor_jobs j
+            WHERE j.seq IN (SELECT w.job FROM w) AND j.state = 'waiting'
+            ORDER BY j.seq FOR UPDATE OF j
+        ), k AS (
+            UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now, last_error = w.why,
+                waiting_for = 0, sched = false
+            FROM w
+            WHERE j.seq = w.job AND j.seq IN (SELECT l.seq FROM l) AND j.state = 'waiting'
+            RETURNING j.seq, j.last_error
+        )
+        SELECT coalesce(array_agg(k.seq ORDER BY k.seq), '{}'),
+            coalesce(array_agg(conveyor_dep_died(pre || to_hex(k.seq), k.last_error)
+                ORDER BY k.seq), '{}')
+        INTO seqs, whys FROM k;
+    END LOOP;
+    PERFORM set_config('conveyor.dooming', '', true);
+END $$;
+
+-- The acks of jobs ``seqs`` (results ``results``) landed at p_now: each edge waiting for
+-- one is met and keeps its result (a dead dependent's too, for a redrive: DEP-5), and
+-- each waiting job with nothing more to wait for becomes pending, ready at the later of
+-- its own ready time and now (DEP-1, DEP-2, DEP-10). The jobs released: their queues and
+-- ready times (a ready time to come told to the brokers, "t:"). The dependents are
+-- locked in seq order. An ack statement calls it on the rows it acked (VOLATILE: each
+-- statement here reads a fresh snapshot, so it sees the edges committed while the ack
+-- waited for a row an enqueue held).
+CREATE FUNCTION conveyor_deps_met(seqs bigint[], results bytea[], p_now float8)
+RETURNS TABLE (queue text, ready_at float8) LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    jobs bigint[];
+    ns bigint[];
+    queues text[];
+    times float8[];
+BEGIN
+    -- (Most acks land on jobs nothing waits for: one probe says so.)
+    IF NOT EXISTS (SELECT 1 FROM conveyor_deps d WHERE d.dep = ANY(seqs) AND NOT d.met) THEN
+        RETURN;
+    END IF;
+    WITH m AS (
+        UPDATE conveyor_deps d SET met = true, result = u.result
+        FROM unnest(seqs, results) AS u(seq, result)
+        WHERE d.dep = u.seq AND NOT d.met
+        RETURNING d.job
+    )
+    SELECT array_agg(c.job ORDER BY c.job), array_agg(c.n ORDER BY c.job) INTO jobs, ns
+    FROM (SELECT m.job, count(*) AS n FROM m GROUP BY m.job) c;
+    IF jobs IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM 1 FROM conveyor_jobs j WHERE j.seq = ANY(jobs) AND j.state = 'waiting'
+    ORDER BY j.seq FOR UPDATE;
+    WITH r AS (
+        UPDATE conveyor_jobs j SET waiting_for = j.waiting_for - c.n,
+            state = CASE WHEN j.waiting_for <= c.n THEN 'pending' ELSE 'waiting' END,
+            ready_at = CASE WHEN j.waiting_for <= c.n THEN greatest(j.ready_at, p_now)
+                ELSE j.ready_at END,
+            sched = j.waiting_for <= c.n AND j.ready_at > p_now
+        FROM unnest(jobs, ns) AS c(seq, n)
+        WHERE j.seq = c.seq AND j.state = 'waiting'
+        RETURNING j.queue, j.state, j.ready_at
+    )
+    SELECT array_agg(r.queue), array_agg(r.ready_at) INTO queues, times
+    FROM r WHERE r.state = 'pending';
+    IF queues IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pg_notify('conveyor', 't:' || min(u.t)::text)
+    FROM unnest(times) AS u(t) WHERE u.t > p_now HAVING count(*) > 0;
+    RETURN QUERY SELECT * FROM unnest(queues, times);
+END $$;
+
+-- Link the waiting jobs ``seqs`` (new, or redriven) to their edges not met (DEP-1,
+-- DEP-5, DEP-7), in seq order (a group's member after those it names): the
+-- dependencies are held (FOR SHARE, in seq order) so that an ack or a death of one
+-- waits for this, or this for it; one kept completed gives its result; a job with a
+-- dependency dead or gone dies at once (its own dependents with it: the trigger); one
+-- with nothing left to wait for becomes pending (as a release: DEP-10); the others
+-- wait for the rest. The jobs released: their queues and ready times.
+CREATE FUNCTION conveyor_deps_link(seqs bigint[], p_now float8)
+RETURNS TABLE (queue text, ready_at float8) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    pre text := (SELECT m.id_prefix FROM conveyor_meta m);
+    s bigint;
+    bad record;
+    n int;
+    q text;
+    at float8;
+BEGIN
+    PERFORM 1 FROM conveyor_jobs j
+    WHERE j.seq IN (
+        SELECT d.dep FROM conveyor_deps d WHERE d.job = ANY(seqs) AND NOT d.met
+    )
+    ORDER BY j.seq FOR SHARE;
+    UPDATE conveyor_deps d SET met = true, result = j.result
+    FROM conveyor_jobs j
+    WHERE d.job = ANY(seqs) AND NOT d.met AND j.seq = d.dep AND j.state = 'completed';
+    FOR s IN SELECT u.s FROM unnest(seqs) AS u(s) ORDER BY 1 LOOP
+        SELECT d.dep, j.state, j.last_error INTO bad
+        FROM conveyor_deps d LEFT JOIN conveyor_jobs j ON j.seq = d.dep
+        WHERE d.job = s AND NOT d.met AND (j.seq IS NULL OR j.state = 'dead')
+        ORDER BY d.pos LIMIT 1;
+        IF FOUND THEN
+            UPDATE conveyor_jobs j SET state = 'dead', died_at = p_now, waiting_for = 0,
+                sched = false, last_error = CASE WHEN bad.state IS NULL
+                    THEN 'dependency ' || pre || to_hex(bad.dep) || ' is gone'
+                    ELSE conveyor_dep_died(pre || to_hex(bad.dep), bad.last_error) END
+            WHERE j.seq = s AND j.state = 'waiting';
+            CONTINUE;
+        END IF;
+        SELECT count(*) INTO n FROM conveyor_deps d WHERE d.job = s AND NOT d.met;
+        IF n > 0 THEN
+            UPDATE conveyor_jobs j SET waiting_for = n WHERE j.seq = s AND j.state = 'waiting';
+            CONTINUE;
+        END IF;
+        UPDATE conveyor_jobs j SET state = 'pending', waiting_for = 0,
+            ready_at = greatest(j.ready_at, p_now), sched = j.ready_at > p_now
+        WHERE j.seq = s AND j.state = 'waiting'
+        RETURNING j.queue, j.ready_at INTO q, at;
+        IF FOUND THEN
+            queue := q;
+            ready_at := at;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END $$;
+"""
+
+# The count of waiting rows in every count trigger; an insert files no news of a waiting
+# row and tells no work of it; an update to dead dooms the rows waiting for it (unless
+# conveyor_deps_doom made it); a delete takes the row's edges with it.
+_V_DEPS_TRIGGERS = (
+    _changed(
+        _function(_V9_TRIGGERS, "conveyor_count_insert"),
+        (
+            "INSERT INTO conveyor_counts (queue, n_ready, n_scheduled, enqueued)\n"
+            "    SELECT queue, count(*) FILTER (WHERE NOT sched), "
+            "count(*) FILTER (WHERE sched), count(*)\n",
+            "INSERT INTO conveyor_counts (queue, n_ready, n_scheduled, n_waiting, enqueued)\n"
+            "    SELECT queue, count(*) FILTER (WHERE state = 'pending' AND NOT sched),\n"
+            "        count(*) FILTER (WHERE state = 'pending' AND sched),\n"
+            "        count(*) FILTER (WHERE state = 'waiting'), count(*)\n",
+        ),
+        (
+            "    FROM (SELECT DISTINCT queue FROM new_rows) d;\n",
+            "    FROM (SELECT DISTINCT queue FROM new_rows WHERE state = 'pending') d;\n",
+        ),
+        (
+            "        WHERE q.flow_until IS NOT NULL\n        GROUP BY",
+            "        WHERE q.flow_until IS NOT NULL AND n.state = 'pending'\n        GROUP BY",
+        ),
+    )
+    + "\n"
+    + _changed(
+        _function(_V_RESULTS, "conveyor_count_update"),
+        (
+            "n_processing, n_dead,\n        n_completed, retried, dead, expired)",
+            "n_processing, n_dead,\n        n_completed, n_waiting, retried, dead, expired)",
+        ),
+        ("d.c, d.ret, d.died, d.exp FROM", "d.c, d.w, d.ret, d.died, d.exp FROM"),
+        (
+            " AS c,\n",
+            " AS c,\n"
+            "               sum((n.state = 'waiting')::int - (o.state = 'waiting')::int) AS w,\n",
+        ),
+        (
+            "WHERE (d.r, d.s, d.p, d.x, d.c, d.ret, d.died) <> (0, 0, 0, 0, 0, 0, 0);",
+            "WHERE (d.r, d.s, d.p, d.x, d.c, d.w, d.ret, d.died) <> (0, 0, 0, 0, 0, 0, 0, 0);",
+        ),
+        (
+            "    END IF;\n    RETURN NULL;\n",
+            "    END IF;\n"
+            "    IF coalesce(current_setting('conveyor.dooming', true), '') <> 'on' THEN\n"
+            "        PERFORM conveyor_deps_doom(array_agg(n.seq ORDER BY n.seq),\n"
+            "            array_agg(conveyor_dep_died(m.id_prefix || to_hex(n.seq), n.last_error)\n"
+            "                ORDER BY n.seq), max(n.died_at))\n"
+            "        FROM new_rows n JOIN old_rows o USING (seq) CROSS JOIN conveyor_meta m\n"
+            "        WHERE n.state = 'dead' AND o.state <> 'dead'\n"
+            "        HAVING count(*) > 0;\n"
+            "    END IF;\n"
+            "    RETURN NULL;\n",
+        ),
+    )
+    + "\n"
+    + _changed(
+        _function(_V_RESULTS, "conveyor_count_delete"),
+        ("n_dead, n_completed)", "n_dead, n_completed, n_waiting)"),
+        (
+            "           -count(*) FILTER (WHERE state = 'completed')\n"
+            "    FROM old_rows GROUP BY queue;\n",
+            "           -count(*) FILTER (WHERE state = 'completed'),\n"
+            "           -count(*) FILTER (WHERE state = 'waiting')\n"
+            "    FROM old_rows GROUP BY queue;\n"
+            "    DELETE FROM conveyor_deps d USING old_rows o\n"
+            "    WHERE o.deps > 0 AND d.job = o.seq;\n",
+        ),
+    )
+).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+
+# conveyor_claim as v9 made it, returning how many dependencies each job had (DEP-2:
+# ``Claimed.dependencies``). (Every broker on the database must then be one that knows
+# this step: an older one's claim reads one column too few.)
+_V_DEPS_CLAIM = (
+    "DROP FUNCTION conveyor_claim(text, text[], int, float8, text);\n"
+    + _changed(
+        _function(_V9, "conveyor_claim"),
+        (
+            "ready_at float8, enqueued_at float8,\n    timeout_s float8\n)",
+            "ready_at float8, enqueued_at float8,\n    timeout_s float8, dependencies int\n)",
+        ),
+        (
+            "            NULL::float8, NULL::float8;\n",
+            "            NULL::float8, NULL::float8, NULL::int;\n",
+        ),
+        ("            j.timeout_s\n", "            j.timeout_s, j.deps\n"),
+    ).replace("CREATE OR REPLACE FUNCTION", "CREATE FUNCTION")
+    + "\n"
+)
+
+# conveyor_enqueue as v9 made it, taking ``after`` (DEP-1, DEP-7, DEP-9): the ids of the
+# jobs it depends on, checked as the engine checks them (at most 1,000, each a job id,
+# each named once), each one a job the table holds, held until the caller's transaction
+# ends (MUL-7); the job is then stored waiting with its edges and filed by
+# conveyor_deps_link. Last and defaulted, so that every call written before means what it
+# meant.
+_V9_ENQUEUE_TEXT = _V9_ENQUEUE[_V9_ENQUEUE.index("CREATE") :]
+_ENQUEUE_AFTER = """    -- Its dependencies (DEP-7, DEP-9): each named once, in order, each one a
+    -- job the table holds, held (in seq order) until this transaction ends.
+    IF cardinality(conveyor_enqueue.after) > 1000 THEN
+        PERFORM conveyor_refuse('invalid_argument', 'after',
+            'must name at most 1000 jobs, got ' || cardinality(conveyor_enqueue.after));
+    END IF;
+    IF cardinality(conveyor_enqueue.after) > 0 THEN
+        named := ARRAY(
+            SELECT u.id FROM unnest(conveyor_enqueue.after) WITH ORDINALITY AS u(id, o)
+            GROUP BY u.id ORDER BY min(u.o));
+        pre := (SELECT m.id_prefix FROM conveyor_meta m);
+        FOR i IN 1..cardinality(named) LOOP
+            IF named[i] IS NULL OR named[i] = '' OR length(named[i]) > 1024 THEN
+                PERFORM conveyor_refuse('invalid_argument', 'after[' || i - 1 || ']',
+                    'is not a job id: ' || conveyor_describe(coalesce(named[i], '')));
+            END IF;
+            digits := substr(named[i], length(pre) + 1);
+            dep_seq := NULL;
+            IF left(named[i], length(pre)) = pre AND digits ~ '^[1-9a-f][0-9a-f]{0,15}$' THEN
+                dep_seq := ('x' || lpad(digits, 16, '0'))::bit(64)::bigint;
+            END IF;
+            dep_seqs := dep_seqs || coalesce(dep_seq, -1);
+        END LOOP;
+        PERFORM 1 FROM conveyor_jobs j WHERE j.seq = ANY(dep_seqs) ORDER BY j.seq FOR SHARE;
+        FOR i IN 1..cardinality(dep_seqs) LOOP
+            IF dep_seqs[i] <= 0
+                OR NOT EXISTS (SELECT 1 FROM conveyor_jobs j WHERE j.seq = dep_seqs[i])
+            THEN
+                PERFORM conveyor_refuse('invalid_argument', 'after[' || i - 1 || ']',
+                    'no job ' || quote_literal(left(named[i], 80)) || ' is known (a '
+                    || 'dependency must be a live job, a member of the same group, or a '
+                    || 'finished job still kept: completed_retention_s)');
+            END IF;
+        END LOOP;
+        n_deps := cardinality(dep_seqs);
+    END IF;
+
+"""
+_V_DEPS_ENQUEUE = (
+    """
+DROP FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, float8, numeric,
+    float8, text, float8, text);
+"""
+    + _changed(
+        _function(_V9_ENQUEUE_TEXT, "conveyor_enqueue"),
+        (
+            "    partition text DEFAULT NULL\n)",
+            "    partition text DEFAULT NULL,\n    after text[] DEFAULT NULL\n)",
+        ),
+        (
+            "    part text := coalesce(conveyor_enqueue.partition, '');\n",
+            "    part text := coalesce(conveyor_enqueue.partition, '');\n"
+            "    named text[];\n"
+            "    dep_seqs bigint[] := '{}';\n"
+            "    n_deps int := 0;\n"
+            "    pre text;\n"
+            "    digits text;\n"
+            "    dep_seq bigint;\n",
+        ),
+        (
+            "    -- Resolved against the queue: the call wins",
+            _ENQUEUE_AFTER + "    -- Resolved against the queue: the call wins",
+        ),
+        (
+            "            expires_at, key, timeout_s, partition, sched)\n"
+            "        VALUES (nextval('conveyor_job_seq'), q_name, 'pending', data, prio,\n",
+            "            expires_at, key, timeout_s, partition, sched, deps, waiting_for)\n"
+            "        VALUES (nextval('conveyor_job_seq'), q_name,\n"
+            "            CASE WHEN n_deps > 0 THEN 'waiting' ELSE 'pending' END, data, prio,\n",
+        ),
+        (
+            "            lim_s, part, ready > t)",
+            "            lim_s, part, n_deps = 0 AND ready > t, n_deps, n_deps)",
+        ),
+        (
+            "            PERFORM pg_notify('conveyor', 'w:' || q_name);\n            EXIT;\n",
+            "            PERFORM pg_notify('conveyor', 'w:' || q_name);\n"
+            "            IF n_deps > 0 THEN\n"
+            "                INSERT INTO conveyor_deps (job, pos, dep)\n"
+            "                SELECT got, u.o - 1, u.dep\n"
+            "                FROM unnest(dep_seqs) WITH ORDINALITY AS u(dep, o);\n"
+            "                PERFORM conveyor_deps_link(ARRAY[got], t);\n"
+            "            END IF;\n"
+            "            EXIT;\n",
+        ),
+    )
+    + """
+DO $$
+BEGIN
+    EXECUTE format(
+        'ALTER FUNCTION conveyor_enqueue(text, json, numeric, float8, float8, float8, '
+        'float8, numeric, float8, text, float8, text, text[]) SET search_path = %I, pg_temp',
+        current_schema()
+    );
+END $$;
+"""
+)
+
+_V_DEPS = (
+    _V_DEPS_TABLES + _V_DEPS_FUNCTIONS + _V_DEPS_TRIGGERS + "\n" + _V_DEPS_CLAIM + _V_DEPS_ENQUEUE
+)
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2,
@@ -1658,6 +2053,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V_SCHEDULES,
     _V_RESULTS,
     _V_PROGRESS,
+    _V_DEPS,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -217,6 +217,17 @@ class LocalBackend:
         self._listeners.work_waiting(frozenset([queue]))
         return Ready(ids)
 
+    def enqueue_group(self, jobs: Sequence[Enqueue]) -> Ready[list[str]]:
+        self._check()
+        ids = self.table.enqueue_group(jobs)
+        self._changed()
+        self._listeners.work_waiting(frozenset(job.queue for job in jobs))
+        return Ready(ids)
+
+    def dependency_results(self, job_id: str) -> Ready[list[tuple[str, bytes | None]] | None]:
+        self._check()
+        return Ready(self.table.dependency_results(job_id))
+
     def claim(
         self, claims: Sequence[Claim], *, round_robin: bool = False
     ) -> Ready[list[list[Claimed]]]:

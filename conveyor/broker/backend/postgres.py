@@ -105,6 +105,21 @@ that began before they were committed does not see them, so once committed a sec
 tells the followers of the jobs that ended meanwhile with no end written, from the table
 (as ``unknown`` for one deleted: what ended it is not known then). An end committed
 after that look by a statement begun before the follow committed is not told.
+
+Dependencies (DEP-1 to DEP-14). A job enqueued with ``after`` is stored 'waiting' with its
+edges (``conveyor_deps``, ``_pg_schema``) and filed by ``conveyor_deps_link``: waiting,
+dead at once, or pending. The enqueue holds the jobs it names (``FOR SHARE``) until it
+commits, so the change that acks, kills or cancels one of them either waits for the edge
+or is seen by the enqueue (MUL-7). The ack statement calls ``conveyor_deps_met`` on the
+rows it acked (``_RELEASED``: it sees the edges committed while the ack waited for the
+rows): the edges met keep the results, and each job left with nothing to wait for
+becomes pending, which the jobs' update trigger counts, files in its partition's line and
+tells ("w:") as any row put back to pending; this broker's listeners are told at once.
+A death, wherever it comes from, kills the jobs waiting for it through the update trigger
+(``conveyor_deps_doom``, one level per statement); a cancel calls it itself. A group
+(``enqueue_group``) is checked whole (Kahn's algorithm for cycles) before any row is
+written, and written in one transaction, its members in an order where each comes after
+those it names.
 """
 
 from __future__ import annotations
@@ -130,6 +145,7 @@ from ..engine import (
     LIST_STATES,
     MAX_PROGRESS_BYTES,
     SEARCH_SCAN,
+    DependencyCycle,
     InvalidArgument,
     Job,
     JobState,
@@ -205,7 +221,10 @@ FAILED = "failed"
 _JOB_COLUMNS = (
     "seq, queue, state, payload, priority, attempts, max_attempts, visibility_timeout_s, "
     "backoff_base_s, backoff_max_s, enqueued_at, ready_at, expires_at, worker_id, deadline, "
-    "last_error, died_at, key, timeout_s, partition, result, completed_at, progress"
+    "last_error, died_at, key, timeout_s, partition, result, completed_at, progress, "
+    "waiting_for, "
+    "CASE WHEN deps > 0 THEN ARRAY(SELECT d.dep FROM conveyor_deps d WHERE d.job = seq "
+    "ORDER BY d.pos) END"
 )
 
 # Where a listed row (``_JOB_COLUMNS`` then its lease) has its lease: after the columns.
@@ -233,15 +252,17 @@ WITH src AS (
     FROM unnest(%(queue)s::text[], %(payload)s::bytea[], %(priority)s::int[],
                 %(attempts)s::int[], %(vis)s::float8[], %(base)s::float8[],
                 %(cap)s::float8[], %(ready_at)s::float8[], %(expires_at)s::float8[],
-                %(key)s::text[], %(timeout)s::float8[], %(partition)s::text[])
+                %(key)s::text[], %(timeout)s::float8[], %(partition)s::text[],
+                %(deps)s::int[])
         WITH ORDINALITY AS s(queue, payload, priority, attempts, vis, base, cap, ready_at,
-                             expires_at, key, timeout, partition, ord)
+                             expires_at, key, timeout, partition, deps, ord)
 ), ins AS (
     INSERT INTO conveyor_jobs (seq, queue, state, payload, priority, max_attempts,
         visibility_timeout_s, backoff_base_s, backoff_max_s, enqueued_at, ready_at,
-        expires_at, key, timeout_s, partition, sched)
-    SELECT seq, queue, 'pending', payload, priority, attempts, vis, base, cap, %(now)s,
-        ready_at, expires_at, key, timeout, partition, ready_at > %(now)s
+        expires_at, key, timeout_s, partition, sched, deps, waiting_for)
+    SELECT seq, queue, CASE WHEN deps > 0 THEN 'waiting' ELSE 'pending' END, payload,
+        priority, attempts, vis, base, cap, %(now)s, ready_at, expires_at, key, timeout,
+        partition, deps = 0 AND ready_at > %(now)s, deps, deps
     FROM src ORDER BY ord
     ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
     RETURNING seq
@@ -268,6 +289,18 @@ _FREED = """
 f AS (
     SELECT q.name, pg_notify('conveyor', 'w:' || q.name) FROM conveyor_queues q
     WHERE q.name IN (SELECT queue FROM d) AND q.flow_until > %(now)s
+)"""
+
+# The acks landing on dependencies (DEP-1, DEP-2): conveyor_deps_met, given every acked
+# row (``{rows}``: it reads them all first, so it runs once the statement holds them), the
+# jobs it released as (NULL, queue, ready_at) rows last. Being VOLATILE, each of its
+# statements reads a fresh snapshot: the edges an enqueue that held an acked row
+# committed while this statement waited for the row are seen.
+_RELEASED = """
+r AS (
+    SELECT m.queue, m.ready_at FROM conveyor_deps_met(
+        ARRAY(SELECT x.seq FROM {rows} x ORDER BY x.seq),
+        ARRAY(SELECT x.result FROM {rows} x ORDER BY x.seq), %(now)s) m
 )"""
 
 # The queues that keep their jobs once acked (RES-3): a hashed set, read once a statement
@@ -302,10 +335,11 @@ WITH u AS (
     FROM a
     WHERE fw.seq = a.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
     RETURNING fw.broker
-), {_FREED.replace("FROM d)", "FROM a)")}
-SELECT seq, lease FROM a UNION ALL SELECT NULL, name FROM f
-UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
+), {_FREED.replace("FROM d)", "FROM a)")}, {_RELEASED.format(rows="a")}
+SELECT seq, lease, NULL::float8 FROM a UNION ALL SELECT NULL, name, NULL FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text, NULL
     FROM (SELECT DISTINCT broker FROM fo) b
+UNION ALL SELECT NULL, queue, ready_at FROM r
 """
 
 _HEARTBEAT = f"""
@@ -394,10 +428,11 @@ WITH d AS (
     FROM d
     WHERE fw.seq = d.seq AND fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
     RETURNING fw.broker
-), {_FREED}
-SELECT seq, lease FROM d UNION ALL SELECT NULL, name FROM f
-UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text
+), {_FREED}, {_RELEASED.format(rows="d")}
+SELECT seq, lease, NULL::float8 FROM d UNION ALL SELECT NULL, name, NULL FROM f
+UNION ALL SELECT NULL, pg_notify('conveyor', 'f:' || b.broker)::text, NULL
     FROM (SELECT DISTINCT broker FROM fo) b
+UNION ALL SELECT NULL, queue, ready_at FROM r
 """
 
 # Progress (PRG-1, PRG-2): each valid lease's job takes its latest value; the brokers
@@ -438,7 +473,7 @@ WITH j AS (
     WHERE j.seq = ANY(%(seqs)s::bigint[]) FOR SHARE OF j
 ), ins AS (
     INSERT INTO conveyor_follows (seq, broker)
-    SELECT seq, %(me)s FROM j WHERE state IN ('pending', 'processing')
+    SELECT seq, %(me)s FROM j WHERE state IN ('pending', 'processing', 'waiting')
     ON CONFLICT (seq, broker) DO NOTHING
 )
 SELECT seq, queue, state, result, last_error FROM j
@@ -452,7 +487,7 @@ WITH m AS (
     WHERE fw.broker = %(me)s AND fw.seq = ANY(%(seqs)s::bigint[]) AND fw.state IS NULL
         AND NOT EXISTS (
             SELECT 1 FROM conveyor_jobs j
-            WHERE j.seq = fw.seq AND j.state IN ('pending', 'processing')
+            WHERE j.seq = fw.seq AND j.state IN ('pending', 'processing', 'waiting')
         )
     RETURNING fw.seq
 )
@@ -460,7 +495,7 @@ SELECT m.seq, j.queue, j.state, j.result, j.last_error
 FROM m LEFT JOIN conveyor_jobs j ON j.seq = m.seq
 """
 
-_LIVE = ("pending", "processing")
+_LIVE = ("pending", "processing", "waiting")
 
 # What finished of the jobs this broker follows, taken.
 _TAKE_FINISHED = """
@@ -468,21 +503,49 @@ DELETE FROM conveyor_follows WHERE broker = %s AND state IS NOT NULL
 RETURNING seq, queue, state, result, error
 """
 
+# A redriven job with dependencies waits again (DEP-5): conveyor_deps_link files it.
+# (Its dependencies not met are held first, in seq order, as an enqueue holds them:
+# _HOLD_REDRIVEN.)
+_HOLD_REDRIVEN = """
+SELECT j.seq FROM conveyor_jobs j
+WHERE j.seq IN (
+    SELECT d.dep FROM conveyor_deps d WHERE d.job = ANY(%(seqs)s::bigint[]) AND NOT d.met
+)
+ORDER BY j.seq FOR SHARE
+"""
+
 _REDRIVE = """
-UPDATE conveyor_jobs SET state = 'pending', attempts = 0, died_at = NULL, ready_at = %(now)s,
-    sched = false
+UPDATE conveyor_jobs SET state = CASE WHEN deps > 0 THEN 'waiting' ELSE 'pending' END,
+    attempts = 0, died_at = NULL, ready_at = %(now)s, sched = false
 WHERE seq = ANY(%(seqs)s::bigint[]) AND state = 'dead'
-RETURNING seq, queue
+RETURNING seq, queue, deps
 """
 
 _REDRIVE_OLDEST = """
-UPDATE conveyor_jobs SET state = 'pending', attempts = 0, died_at = NULL, ready_at = %(now)s,
-    sched = false
+UPDATE conveyor_jobs SET state = CASE WHEN deps > 0 THEN 'waiting' ELSE 'pending' END,
+    attempts = 0, died_at = NULL, ready_at = %(now)s, sched = false
 WHERE seq IN (
     SELECT seq FROM conveyor_jobs WHERE queue = %(q)s AND state = 'dead'
     ORDER BY died_at, seq LIMIT %(n)s FOR UPDATE SKIP LOCKED
 )
-RETURNING seq
+RETURNING seq, queue, deps
+"""
+
+# The edges of new jobs (DEP-1), then their filing (conveyor_deps_link).
+_ADD_EDGES = """
+INSERT INTO conveyor_deps (job, pos, dep)
+SELECT * FROM unnest(%s::bigint[], %s::int[], %s::bigint[])
+"""
+_LINK = "SELECT * FROM conveyor_deps_link(%s::bigint[], %s)"
+_DOOM = "SELECT conveyor_deps_doom(%s::bigint[], %s::text[], %s)"
+# The dependencies an enqueue names, held until it commits (an ack or a death of one
+# waits for the edge, DEP-1, DEP-3), in seq order.
+_HOLD_DEPS = "SELECT seq FROM conveyor_jobs WHERE seq = ANY(%s::bigint[]) ORDER BY seq FOR SHARE"
+# DEP-2: the results of a job's dependencies met so far, in the order named.
+_DEP_RESULTS = """
+SELECT j.seq, d.dep, d.result FROM conveyor_jobs j
+LEFT JOIN conveyor_deps d ON d.job = j.seq AND d.met
+WHERE j.seq = %s ORDER BY d.pos
 """
 
 _DEAD = """
@@ -588,11 +651,16 @@ _LIST: dict[str, tuple[str, str, str]] = {
         "completed_at DESC, seq DESC",
         "(completed_at, seq) < (%(k0)s, %(k1)s)",
     ),
+    "waiting": (
+        "state = 'waiting'",
+        "enqueued_at, seq",
+        "(enqueued_at, seq) > (%(k0)s, %(k1)s)",
+    ),
 }
 
 _COUNTED = (
     "n_ready, n_scheduled, n_processing, n_dead, enqueued, completed, retried, dead, "
-    "expired, cancelled, n_completed"
+    "expired, cancelled, n_completed, n_waiting"
 )
 _SUMS = ", ".join(f"sum({c})::bigint AS {c}" for c in _COUNTED.split(", "))
 
@@ -616,7 +684,7 @@ SELECT q.name, s.n_ready, s.n_scheduled, s.n_processing, s.n_dead, q.paused, s.e
     q.flow_until IS NOT NULL OR EXISTS (
         SELECT 1 FROM conveyor_jobs j
         WHERE j.queue = q.name AND j.partition <> '' AND j.due IS NOT NULL
-    ) AS flows, s.n_completed
+    ) AS flows, s.n_completed, s.n_waiting
 FROM conveyor_queues q
 LEFT JOIN (SELECT queue, {_SUMS} FROM conveyor_counts GROUP BY queue) s ON s.queue = q.name
 WHERE %(names)s::text[] IS NULL OR q.name = ANY(%(names)s)
@@ -868,6 +936,7 @@ class _Claimed:
     ready_since: float
     timeout_s: float | None
     partition: str | None = None
+    dependencies: int = 0
 
 
 class _Call(Generic[T]):
@@ -1262,6 +1331,14 @@ class PostgresBackend:
             self._listeners.work_waiting(None)
             self._refresh_timer()
             return
+
+    def _atomic(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A transaction around statements that must commit together, unless the call
+        runs in one already (a batch's): then that one."""
+        conn = self._conn
+        if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+            return contextlib.nullcontext()
+        return conn.transaction()
 
     def _id(self, seq: int) -> str:
         return f"{self.id_prefix}{seq:x}"
@@ -1844,6 +1921,14 @@ class PostgresBackend:
     def enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> asyncio.Task[list[str]]:
         return self._spawn(self._enqueue_all(queue, jobs))
 
+    def enqueue_group(self, jobs: Sequence[Enqueue]) -> asyncio.Task[list[str]]:
+        return self._spawn(self._enqueue_group(jobs))
+
+    def dependency_results(
+        self, job_id: str
+    ) -> asyncio.Task[list[tuple[str, bytes | None]] | None]:
+        return self._spawn(self._dependency_results(job_id))
+
     def claim(
         self, claims: Sequence[Claim], *, round_robin: bool = False
     ) -> asyncio.Task[list[list[Claimed]]]:
@@ -2336,13 +2421,22 @@ class PostgresBackend:
     # -- the job table -----------------------------------------------------------------------
 
     async def _insert(
-        self, now: float, jobs: list[tuple[str, tuple[Any, ...], float]], events: list[float]
+        self,
+        now: float,
+        jobs: list[tuple[str, tuple[Any, ...], float]],
+        events: list[float],
+        deps: Sequence[int] | None = None,
+        fresh: set[int] | None = None,
     ) -> list[str]:
         """Store each ``(queue, resolved, backoff_max_s)`` job; the ids. A job whose key
         a live job of its queue holds gets that job's id and changes nothing (ENQ-10),
         and so does one whose key an earlier job of ``jobs`` holds (ENQ-11). Adds to
         ``events`` the timed events the stored jobs bring (a ready time to come, an
-        expiry: TIM-4), and tells the other brokers of the earliest ("t:" and the time)."""
+        expiry: TIM-4), and tells the other brokers of the earliest ("t:" and the time).
+
+        ``deps``: how many dependencies each job names (stored waiting where > 0, for
+        ``_link`` to file); ``fresh``: gets the indexes of the jobs stored (not those
+        that got a key's holder)."""
         conn = self._conn
         ids: list[str | None] = [None] * len(jobs)
         first: dict[tuple[str, str], int] = {}
@@ -2358,7 +2452,7 @@ class PostgresBackend:
                 column: []
                 for column in (
                     "queue", "payload", "priority", "attempts", "vis", "base", "cap",
-                    "ready_at", "expires_at", "key", "timeout", "partition",
+                    "ready_at", "expires_at", "key", "timeout", "partition", "deps",
                 )
             }  # fmt: skip
             for index in todo:
@@ -2384,6 +2478,7 @@ class PostgresBackend:
                 columns["key"].append(key)
                 columns["timeout"].append(limit)
                 columns["partition"].append("" if part is None else part)
+                columns["deps"].append(0 if deps is None else deps[index])
                 if ready_at > now:
                     events.append(ready_at)
                 if expires_s is not None:
@@ -2393,6 +2488,8 @@ class PostgresBackend:
             for index, (seq, inserted) in zip(todo, await cur.fetchall(), strict=True):
                 if inserted:
                     ids[index] = self._id(seq)
+                    if fresh is not None:
+                        fresh.add(index)
                 else:
                     taken.append(index)
             todo = []
@@ -2453,33 +2550,67 @@ class PostgresBackend:
                 names.append(guard.queue_name(item.queue))
             except InvalidArgument as exc:
                 results[index] = exc
+        linked = any(item.after for item in jobs)
 
         nearest: list[float] = []
+        released: list[tuple[str, float]] = []
 
         async def work(now: float) -> None:
             # With every queue's options known, the insert is the one statement: no
             # transaction around it (each statement commits alone, atomically).
-            known = self._known_opts(names)
+            known = self._known_opts(names) and not linked
             async with contextlib.nullcontext() if known else self._conn.transaction():
                 opts = await self._queues(names)
                 good: list[int] = []
                 resolved: list[tuple[str, tuple[Any, ...], float]] = []
+                named: list[list[int | None]] = []
                 for index, item in enumerate(jobs):
                     if results[index] is not None:
                         continue
                     try:
                         resolved.append(self._resolve(item.queue, opts[item.queue], item))
+                        after = guard.after(item.after) if item.after else ()
                     except InvalidArgument as exc:
+                        if len(resolved) > len(named):
+                            resolved.pop()
                         results[index] = exc
                         continue
                     good.append(index)
-                ids = await self._insert(now, resolved, nearest)
+                    named.append([self._seq(job_id) for job_id in after])
+                if linked:
+                    # DEP-7: every dependency named is a job the table holds (held
+                    # until this commits); a job naming one it does not is refused.
+                    found = await self._hold_deps(named)
+                    keep = []
+                    for k, (index, seqs) in enumerate(zip(good, named, strict=True)):
+                        missing = next(
+                            (pos for pos, seq in enumerate(seqs) if seq not in found), None
+                        )
+                        if missing is None:
+                            keep.append(k)
+                        else:
+                            after = guard.after(jobs[index].after)
+                            results[index] = _unknown(f"after[{missing}]", after[missing])
+                    good = [good[k] for k in keep]
+                    resolved = [resolved[k] for k in keep]
+                    named = [named[k] for k in keep]
+                fresh: set[int] = set()
+                ids = await self._insert(
+                    now, resolved, nearest, [len(seqs) for seqs in named], fresh
+                )
+                if linked:
+                    edges = [
+                        (seq, [dep for dep in seqs if dep is not None])
+                        for k, seqs in enumerate(named)
+                        if k in fresh and seqs and (seq := self._seq(ids[k])) is not None
+                    ]
+                    released.extend(await self._link(now, edges, nearest))
             for index, job_id in zip(good, ids, strict=True):
                 results[index] = job_id
 
         await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
         out: list[str | Exception] = []
-        touched: set[str] = set()
+        touched: set[str] = {queue for queue, _ in released}
         for item, result in zip(jobs, results, strict=True):
             assert result is not None
             out.append(result)
@@ -2487,6 +2618,165 @@ class PostgresBackend:
                 touched.add(item.queue)
         self._listeners.work_waiting(frozenset(touched))
         return out
+
+    async def _hold_deps(self, named: Sequence[Sequence[int | None]]) -> set[int]:
+        """The seqs of ``named`` that name a job of the table, each held (``FOR
+        SHARE``, in seq order) until the transaction ends: an ack, a death or a cancel
+        of one waits for the edges this makes (DEP-1, DEP-3)."""
+        wanted = sorted({seq for seqs in named for seq in seqs if seq is not None})
+        if not wanted:
+            return set()
+        cur = await self._conn.execute(_HOLD_DEPS, (wanted,))
+        return {int(row[0]) for row in await cur.fetchall()}
+
+    async def _link(
+        self, now: float, edges: Sequence[tuple[int, Sequence[int]]], events: list[float]
+    ) -> list[tuple[str, float]]:
+        """Store the edges of new jobs stored waiting (each ``(seq, its dependencies'
+        seqs in the order named)``) and file the jobs (conveyor_deps_link): waiting, dead
+        (DEP-3, DEP-7) or, with nothing to wait for, pending. The jobs made pending, as
+        ``(queue, ready_at)``; a ready time to come is added to ``events``."""
+        if not edges:
+            return []
+        jobs: list[int] = []
+        places: list[int] = []
+        deps: list[int] = []
+        for seq, named in edges:
+            for pos, dep in enumerate(dict.fromkeys(named)):
+                jobs.append(seq)
+                places.append(pos)
+                deps.append(dep)
+        conn = self._conn
+        await conn.execute(_ADD_EDGES, (jobs, places, deps))
+        cur = await conn.execute(_LINK, ([seq for seq, _ in edges], now))
+        return await self._released(now, await cur.fetchall(), events)
+
+    async def _released(
+        self, now: float, rows: list[tuple[Any, ...]], events: list[float]
+    ) -> list[tuple[str, float]]:
+        """Jobs made pending by dependencies (``(queue, ready_at)`` rows): a ready time
+        to come is an event, here and for the other brokers ("t:")."""
+        later = [float(row[1]) for row in rows if row[1] > now]
+        if later:
+            events.extend(later)
+            await self._conn.execute("SELECT pg_notify('conveyor', %s)", (f"t:{min(later)!r}",))
+        return [(str(row[0]), float(row[1])) for row in rows]
+
+    async def _enqueue_group(self, jobs: Sequence[Enqueue]) -> list[str]:
+        count = len(jobs)
+        nearest: list[float] = []
+        released: list[tuple[str, float]] = []
+
+        async def work(now: float) -> list[str]:
+            made_before = set(self._opts)
+            try:
+                async with self._conn.transaction():
+                    return await group(now)
+            except BaseException:
+                # Queues made by a group that was refused are not made (rolled back).
+                for job in jobs:
+                    if isinstance(job.queue, str) and job.queue not in made_before:
+                        self._opts.pop(job.queue, None)
+                raise
+
+        async def group(now: float) -> list[str]:
+            for i, job in enumerate(jobs):
+                try:
+                    guard.queue_name(job.queue)
+                except InvalidArgument as exc:
+                    raise exc.within(f"jobs[{i}]") from None
+            opts = await self._queues([job.queue for job in jobs])
+            # Each member checked as the engine checks it, in order: its options, its
+            # after, then its ids (DEP-6, DEP-7); the first bad one refuses the group.
+            resolved: list[tuple[str, tuple[Any, ...], float]] = []
+            afters: list[tuple[str | int, ...]] = []
+            problems: list[InvalidArgument | None] = []
+            for i, job in enumerate(jobs):
+                try:
+                    resolved.append(self._resolve(job.queue, opts[job.queue], job))
+                    after = guard.after(job.after, count)
+                    if i in after:
+                        raise DependencyCycle("after", "a job cannot depend on itself")
+                except InvalidArgument as exc:
+                    problems.append(exc.within(f"jobs[{i}]"))
+                    afters.append(())
+                    continue
+                problems.append(None)
+                afters.append(after)
+            named = [
+                [self._seq(item) if isinstance(item, str) else None for item in after]
+                for after in afters
+            ]
+            found = await self._hold_deps(named)
+            for i, problem in enumerate(problems):
+                if problem is not None:
+                    raise problem
+                for pos, item in enumerate(afters[i]):
+                    if isinstance(item, str) and named[i][pos] not in found:
+                        raise _unknown(f"jobs[{i}].after[{pos}]", item)
+            # Kahn's algorithm over the edges between members (DEP-4).
+            needs = [0] * count
+            named_by: list[list[int]] = [[] for _ in range(count)]
+            for i, after in enumerate(afters):
+                for item in after:
+                    if isinstance(item, int):
+                        needs[i] += 1
+                        named_by[item].append(i)
+            order = [i for i in range(count) if needs[i] == 0]
+            for i in order:  # (grows as it goes)
+                for j in named_by[i]:
+                    needs[j] -= 1
+                    if needs[j] == 0:
+                        order.append(j)
+            if len(order) < count:
+                stuck = next(i for i in range(count) if needs[i])
+                raise DependencyCycle(
+                    f"jobs[{stuck}].after", "the group's jobs depend on each other in a circle"
+                )
+            # Stored in that order (each after those it names), at one instant.
+            fresh: set[int] = set()
+            stored = await self._insert(
+                now, [resolved[i] for i in order], nearest, [len(afters[i]) for i in order], fresh
+            )
+            ids = [""] * count
+            for place, i in enumerate(order):
+                ids[i] = stored[place]
+            edges: list[tuple[int, list[int]]] = []
+            for place, i in enumerate(order):
+                if place not in fresh or not afters[i]:
+                    continue
+                deps: list[int] = []
+                for pos, item in enumerate(afters[i]):
+                    dep = self._seq(ids[item]) if isinstance(item, int) else named[i][pos]
+                    assert dep is not None
+                    deps.append(dep)
+                seq = self._seq(ids[i])
+                assert seq is not None
+                edges.append((seq, deps))
+            released.extend(await self._link(now, edges, nearest))
+            return ids
+
+        ids = await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
+        self._listeners.work_waiting(frozenset(job.queue for job in jobs))
+        return ids
+
+    async def _dependency_results(self, job_id: str) -> list[tuple[str, bytes | None]] | None:
+        seq = self._seq(job_id)
+        if seq is None:
+            return None
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            cur = await self._conn.execute(_DEP_RESULTS, (seq,))
+            return await cur.fetchall()
+
+        rows = await self._call(work, changes=False)
+        if not rows:
+            return None
+        return [
+            (self._id(dep), None if result is None else bytes(result))
+            for _, dep, result in rows
+            if dep is not None
+        ]
 
     async def _enqueue_all(self, queue: str, jobs: Sequence[NewJob]) -> list[str]:
         guard.queue_name(queue)
@@ -2496,16 +2786,42 @@ class PostgresBackend:
             async with self._conn.transaction():
                 opts = (await self._queues([queue]))[queue]
                 resolved: list[tuple[str, tuple[Any, ...], float]] = []
+                afters: list[tuple[str | int, ...]] = []
+                problem: tuple[int, InvalidArgument] | None = None
                 for index, spec in enumerate(jobs):
                     if not isinstance(spec, NewJob):
-                        refused.append(InvalidArgument(f"jobs[{index}]", "must be a NewJob"))
-                        return []
+                        problem = (index, InvalidArgument(f"jobs[{index}]", "must be a NewJob"))
+                        break
                     try:
                         resolved.append(self._resolve(queue, opts, spec))
+                        afters.append(guard.after(spec.after) if spec.after else ())
                     except InvalidArgument as exc:
-                        refused.append(exc.within(f"jobs[{index}]"))
-                        return []  # the queue made stays made, as in the engine
-                return await self._insert(now, resolved, nearest)
+                        problem = (index, exc.within(f"jobs[{index}]"))
+                        break
+                # The ids named before the first bad job: each a job the table holds
+                # (DEP-7), held until this commits; the first that is not refuses all.
+                named = [[self._seq(job_id) for job_id in after] for after in afters]
+                found = await self._hold_deps(named)
+                for index, seqs in enumerate(named):
+                    missing = next((pos for pos, seq in enumerate(seqs) if seq not in found), None)
+                    if missing is not None:
+                        unknown = _unknown(f"after[{missing}]", afters[index][missing])
+                        problem = (index, unknown.within(f"jobs[{index}]"))
+                        break
+                if problem is not None:
+                    refused.append(problem[1])
+                    return []  # the queue made stays made, as in the engine
+                fresh: set[int] = set()
+                ids = await self._insert(
+                    now, resolved, nearest, [len(seqs) for seqs in named], fresh
+                )
+                edges = [
+                    (seq, [dep for dep in seqs if dep is not None])
+                    for k, seqs in enumerate(named)
+                    if k in fresh and seqs and (seq := self._seq(ids[k])) is not None
+                ]
+                await self._link(now, edges, nearest)
+                return ids
 
         nearest: list[float] = []
         ids = await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
@@ -2611,6 +2927,7 @@ class PostgresBackend:
             ready_at,
             enqueued_at,
             timeout_s,
+            dependencies,
         ) = row
         return _Claimed(
             id=self._id(seq),
@@ -2624,6 +2941,7 @@ class PostgresBackend:
             visibility_timeout_s=vis,
             ready_since=ready_at if ready_at > enqueued_at else enqueued_at,
             timeout_s=timeout_s,
+            dependencies=dependencies,
         )
 
     def _lease_batch(self, leases: Sequence[tuple[str, str]]) -> tuple[list[int], list[str]]:
@@ -2677,6 +2995,9 @@ class PostgresBackend:
                 if self._seq(job_id) is not None and isinstance(lease, str)
             ]
 
+        nearest: list[float] = []
+        released: list[tuple[str, float]] = []
+
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
@@ -2690,10 +3011,16 @@ class PostgresBackend:
                 {"now": now, "seqs": seqs, "leases": tokens, "results": kept},
                 prepare=False,
             )
-            return await cur.fetchall()
+            rows = await cur.fetchall()
+            # (The jobs the acks released, DEP-1: a ready time to come is an event.)
+            released.extend((row[1], row[2]) for row in rows if row[2] is not None)
+            nearest.extend(row[2] for row in rows if row[2] is not None and row[2] > now)
+            return rows
 
-        rows = await self._call(work, changes=False)  # (an ack only takes events away)
+        # (An ack takes events away, but for a dependent it releases for later.)
+        rows = await self._call(work, changes=True, nearest=lambda _: min(nearest, default=None))
         freed = frozenset(row[1] for row in rows if row[0] is None and row[1])
+        freed |= {queue for queue, _ in released}
         if freed:
             self._listeners.work_waiting(freed)
         return _once({(self._id(row[0]), row[1]) for row in rows if row[0] is not None}, leases)
@@ -2893,6 +3220,14 @@ class PostgresBackend:
             async with conn.transaction():
                 cur = await conn.execute(_CANCEL, {"seqs": seqs, "now": now})
                 rows = await cur.fetchall()
+                # The jobs waiting for one die (DEP-3, DEP-13): a statement of its own,
+                # begun once the cancelled rows are held (see _ack).
+                gone = sorted(row[0] for row in rows if row[0] is not None)
+                if gone:
+                    await conn.execute(
+                        _DOOM,
+                        (gone, [f"dependency {self._id(seq)} was cancelled" for seq in gone], now),
+                    )
                 # A key under flow control whose jobs were cancelled is filed again at
                 # once, as the engine files it: one with nothing left leaves the turns,
                 # and its next job files it last (FLW-5).
@@ -3212,6 +3547,8 @@ class PostgresBackend:
             result,
             completed_at,
             progress,
+            waiting_for,
+            after,
         ) = row
         return Job(
             id=self._id(seq),
@@ -3238,6 +3575,8 @@ class PostgresBackend:
             result_json=None if result is None else bytes(result),
             completed_at=completed_at,
             progress_json=None if progress is None else bytes(progress),
+            after=tuple(self._id(dep) for dep in after) if after else (),
+            waiting_for=waiting_for if state == "waiting" else 0,
         )
 
     async def _set_queue(self, name: str, opts: QueueOpts | None = None) -> None:
@@ -3310,13 +3649,26 @@ class PostgresBackend:
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
-            cur = await self._conn.execute(_REDRIVE, {"now": now, "seqs": seqs})
-            return await cur.fetchall()
+            conn = self._conn
+            async with conn.transaction():
+                await conn.execute(_HOLD_REDRIVEN, {"seqs": seqs})
+                cur = await conn.execute(_REDRIVE, {"now": now, "seqs": seqs})
+                rows = await cur.fetchall()
+                await self._relink(now, rows)
+            return rows
 
         rows = await self._call(work, changes=True)
         done = _once({self._id(row[0]) for row in rows}, ids)
         self._listeners.work_waiting(frozenset(row[1] for row in rows))
         return done
+
+    async def _relink(self, now: float, rows: list[tuple[Any, ...]]) -> None:
+        """File again the redriven rows (``(seq, queue, deps)``) that have dependencies:
+        they wait for those not acked yet, or die again at once (DEP-5)."""
+        linked = sorted(row[0] for row in rows if row[2])
+        if linked:
+            cur = await self._conn.execute(_LINK, (linked, now))
+            await self._released(now, await cur.fetchall(), [])
 
     async def _purge_dead(self, queue: str) -> int | None:
         async def work(now: float) -> int | None:
@@ -3385,6 +3737,7 @@ class PostgresBackend:
                 totals=QueueTotals(*(count or 0 for count in row[6:12])),
                 oldest_ready_at=row[12],
                 completed=row[14] or 0,
+                waiting=row[15] or 0,
                 **(_flow_fields(flows[row[0]], now, row[1] or 0) if row[0] in flows else {}),
             )
             for row in rows
@@ -3485,10 +3838,13 @@ class PostgresBackend:
             step = min(left - done, REDRIVE_CHUNK)
 
             async def work(now: float, step: int = step) -> list[tuple[Any, ...]]:
-                cur = await self._conn.execute(
-                    _REDRIVE_OLDEST, {"now": now, "q": queue, "n": step}, prepare=False
-                )
-                return await cur.fetchall()
+                async with self._atomic():
+                    cur = await self._conn.execute(
+                        _REDRIVE_OLDEST, {"now": now, "q": queue, "n": step}, prepare=False
+                    )
+                    rows = await cur.fetchall()
+                    await self._relink(now, rows)
+                return rows
 
             rows = await self._call(work, changes=True)
             if not rows:
@@ -3613,6 +3969,8 @@ def _list_key(state: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
         return (lease_number(row[_LISTED_LEASE]),)
     if state == "completed":
         return (row[21], row[0])  # completed_at, seq
+    if state == "waiting":
+        return (row[10], row[0])  # enqueued_at, seq
     return (row[16], row[0])  # died_at, seq
 
 
@@ -3634,6 +3992,15 @@ def _backoff(attempts: int, base: float, cap: float, rng: random.Random) -> floa
     exponent = min(attempts - 1, _MAX_EXPONENT)
     exp = min(cap, base * 2.0**exponent)
     return exp / 2 + rng.random() * (exp / 2)
+
+
+def _unknown(field: str, job_id: object) -> InvalidArgument:
+    """The refusal of a dependency the table does not hold (DEP-7), in the engine's words."""
+    return InvalidArgument(
+        field,
+        f"no job {str(job_id)[:80]!r} is known (a dependency must be a live job, a member "
+        "of the same group, or a finished job still kept: completed_retention_s)",
+    )
 
 
 def _once(hit: set[Any], items: Sequence[Any]) -> list[bool]:

@@ -9,10 +9,12 @@ Exceptions::
 
     ValueError
      └── InvalidArgument   a bad argument; .field names it; nothing changed
-          └── PayloadTooLarge   the encoded payload is over max_payload_bytes
+          ├── PayloadTooLarge   the encoded payload is over max_payload_bytes
+          └── DependencyCycle   the jobs of a group depend on each other in a circle
 """
 
-from ._errors import InvalidArgument, PayloadTooLarge
+from ._errors import DependencyCycle, InvalidArgument, PayloadTooLarge
+from ._guards import MAX_AFTER
 from ._guards import queue_name as check_queue_name
 from ._schedule import (
     MISSED_GRACE_S,
@@ -28,6 +30,7 @@ from ._schedule import (
 from ._schedules import SCHEDULE_FIELDS
 from ._table import (
     CLAIM_FIELDS,
+    DEP_FIELDS,
     LIST_STATES,
     MAX_PROGRESS_BYTES,
     QUEUE_FIELDS,
@@ -58,8 +61,10 @@ from ._types import (
 
 __all__ = [
     "CLAIM_FIELDS",
+    "DEP_FIELDS",
     "LIMIT_FIELDS",
     "LIST_STATES",
+    "MAX_AFTER",
     "MAX_PROGRESS_BYTES",
     "MISSED_GRACE_S",
     "MISSED_POLICIES",
@@ -69,6 +74,7 @@ __all__ = [
     "SEARCH_SCAN",
     "UPDATE_FIELDS",
     "Changes",
+    "DependencyCycle",
     "Finish",
     "InvalidArgument",
     "Job",

@@ -11,7 +11,7 @@ exception: those operations answer ``False`` or ``None`` (``docs/contract.md``, 
 
 from __future__ import annotations
 
-__all__ = ["InvalidArgument", "PayloadTooLarge"]
+__all__ = ["DependencyCycle", "InvalidArgument", "PayloadTooLarge"]
 
 
 class InvalidArgument(ValueError):
@@ -33,3 +33,9 @@ class PayloadTooLarge(InvalidArgument):
     """The encoded payload is over the table's ``max_payload_bytes``."""
 
     code = "too_large"
+
+
+class DependencyCycle(InvalidArgument):
+    """The jobs of a group depend on each other in a circle (DEP-4): none can ever run."""
+
+    code = "dependency_cycle"

@@ -15,6 +15,7 @@ from ._errors import InvalidArgument, PayloadTooLarge
 from ._types import Limits, QueueOpts, RawJSON
 
 __all__ = [
+    "MAX_AFTER",
     "MAX_ATTEMPTS_MAX",
     "MAX_ERROR_CHARS",
     "MAX_KEY_LEN",
@@ -51,6 +52,8 @@ MAX_ERROR_CHARS = 4096
 # orjson, which decodes every frame, refuses deeper nesting than this, so deeper
 # payloads could not travel anyway; refusing them here keeps the walk bounded (LIM-6).
 MAX_PAYLOAD_DEPTH = 254
+# The most dependencies one job may name (DEP-9): each is an edge kept until the job goes.
+MAX_AFTER = 1000
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
@@ -174,6 +177,31 @@ def error_text(field: str, value: object) -> str | None:
     if len(value) > MAX_ERROR_CHARS:
         value = value[: MAX_ERROR_CHARS - 3] + "..."
     return _unicode(field, value) if value else None
+
+
+def after(value: object, refs: int = 0) -> tuple[str | int, ...]:
+    """The dependencies of one job (DEP-1, DEP-9): a list or tuple of at most
+    ``MAX_AFTER`` job ids (strings), and with ``refs`` (a group of that many jobs) also
+    member indexes in ``[0, refs)``; each named once (a repeat is dropped), in order."""
+    if not isinstance(value, list | tuple):
+        raise InvalidArgument("after", f"must be a list of job ids, got {type(value).__name__}")
+    if len(value) > MAX_AFTER:
+        raise InvalidArgument("after", f"must name at most {MAX_AFTER} jobs, got {len(value)}")
+    seen: dict[str | int, None] = {}
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            if not item or len(item) > MAX_KEY_LEN:
+                raise InvalidArgument(f"after[{i}]", f"is not a job id: {_describe(item)}")
+        elif refs and isinstance(item, int) and not isinstance(item, bool):
+            if not 0 <= item < refs:
+                raise InvalidArgument(
+                    f"after[{i}]", f"must be a job id or a member index in [0, {refs}), got {item}"
+                )
+        else:
+            wanted = "a job id or a member index" if refs else "a job id (a string)"
+            raise InvalidArgument(f"after[{i}]", f"must be {wanted}, got {_describe(item)}")
+        seen[item] = None
+    return tuple(seen)
 
 
 def check_opts(opts: object) -> QueueOpts:

@@ -53,7 +53,7 @@ from heapq import merge
 from typing import Any, NamedTuple
 
 from . import _guards as guard
-from ._errors import InvalidArgument
+from ._errors import DependencyCycle, InvalidArgument
 from ._flow import NEVER as _NEVER
 from ._flow import Flow, Part
 from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
@@ -72,6 +72,7 @@ from ._types import (
 )
 
 __all__ = [
+    "DEP_FIELDS",
     "LIST_STATES",
     "MAX_PROGRESS_BYTES",
     "SEARCH_SCAN",
@@ -88,6 +89,7 @@ PENDING = JobState.PENDING
 PROCESSING = JobState.PROCESSING
 DEAD = JobState.DEAD
 COMPLETED = JobState.COMPLETED
+WAITING = JobState.WAITING
 # Each state's stored text. ``state.value`` is an enum property, a call per read in
 # Python 3.11, and the journal reads one per changed row.
 _STATE_TEXT: dict[JobState | None, str] = {state: state.value for state in JobState}
@@ -101,7 +103,7 @@ FAILED = "failed"
 _MAX_EXPONENT = 1023
 
 #: The states ``Queue.list_jobs`` lists, as the wire names them (JOB-5).
-LIST_STATES = ("ready", "scheduled", "processing", "dead", "completed")
+LIST_STATES = ("ready", "scheduled", "processing", "dead", "completed", "waiting")
 #: How many jobs a search looks at per ``list_jobs`` call, at most (LST-4).
 SEARCH_SCAN = 2000
 
@@ -153,6 +155,7 @@ class _Row:
         "_heap",
         "_rank",
         "_ranked",
+        "after",
         "attempts",
         "backoff_base_s",
         "backoff_max_s",
@@ -165,6 +168,7 @@ class _Row:
         "last_error",
         "lease",
         "max_attempts",
+        "met",
         "partition",
         "payload",
         "priority",
@@ -175,6 +179,7 @@ class _Row:
         "seq",
         "state",
         "timeout_s",
+        "unmet",
         "visibility_timeout_s",
         "worker_id",
     )
@@ -220,6 +225,12 @@ class _Row:
         self.result: bytes | None = None
         self.completed_at: float | None = None
         self.progress: bytes | None = None
+        # Its dependencies (DEP-1): their seqs in the order named, the results of those
+        # whose acks landed (by seq; kept until the row goes), and how many it still
+        # waits for while WAITING.
+        self.after: tuple[int, ...] = ()
+        self.met: dict[int, bytes | None] | None = None
+        self.unmet = 0
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         self._exp_entry: tuple[Any, ...] | None = None
@@ -251,6 +262,7 @@ class JobHandle:
         "_was",
         "attempt",
         "deadline",
+        "dependencies",
         "id",
         "lease",
         "max_attempts",
@@ -283,6 +295,8 @@ class JobHandle:
         self.visibility_timeout_s: float = row.visibility_timeout_s
         self.timeout_s: float | None = row.timeout_s
         self.partition: str | None = row.partition
+        #: How many jobs it depended on (DEP-2: their results are ``dependency_results``).
+        self.dependencies: int = len(row.after)
         #: When the job became claimable for this claim (its ready time, or its enqueue).
         ready_at, enqueued_at = row.ready_at, row.enqueued_at
         self.ready_since: float = ready_at if ready_at > enqueued_at else enqueued_at
@@ -342,6 +356,7 @@ class Queue:
         "_by_death",
         "_by_due",
         "_by_ready",
+        "_by_wait",
         "_claims",
         "_completed",
         "_dead",
@@ -355,6 +370,7 @@ class Queue:
         "_n_processing",
         "_n_ready",
         "_n_scheduled",
+        "_n_waiting",
         "_opts",
         "_order",
         "_paused",
@@ -386,12 +402,14 @@ class Queue:
         self._claims = Log()  # (lease number, row)
         self._by_death = Ranked()  # (died_at, seq, row)
         self._by_completion = Ranked()  # (completed_at, seq, row)
+        self._by_wait = Ranked()  # (enqueued_at, seq, row): waiting rows, oldest first
         # Ready rows off the Fifo by ready time, for the oldest ready time (stats): the
         # claim order puts priority first, so it cannot tell.
         self._ages = Heap("_age_entry")  # (ready_at, seq, row)
         self._n_ready = 0
         self._n_scheduled = 0
         self._n_processing = 0
+        self._n_waiting = 0
         # Flow control: slots, buckets, back-offs, partition keys' turns (see _flow).
         self._flow = Flow()
         # enqueued, completed, retried, dead, expired, cancelled (see QueueTotals)
@@ -466,12 +484,18 @@ class Queue:
         key: str | None = None,
         timeout_s: float | None = None,
         partition: str | None = None,
+        after: Sequence[str] = (),
     ) -> str:
         """Store a job and return its id (``docs/contract.md``, ENQ-2 to ENQ-10).
 
         With a ``key`` that a live job of this queue already carries, return that job's
         id and change nothing. Raises ``InvalidArgument`` (nothing changed) for a bad
         argument; every guard runs before the key is looked at.
+
+        ``after``: ids of jobs it depends on (DEP-1 on), of any queue, each one the table
+        knows (else ``InvalidArgument``, field ``after[i]``). The job waits (``WAITING``)
+        until each is acked; one already completed counts as acked; one dead, or dying
+        later, makes it die (DEP-3).
         """
         # (The options go to resolve as they are: building a NewJob first cost as much
         # as the rest of an enqueue.)
@@ -488,7 +512,8 @@ class Queue:
             timeout_s,
             partition,
         )
-        return self._insert(resolved, self._table._now())
+        deps = self._table._deps(guard.after(after)) if after else None
+        return self._insert(resolved, self._table._now(), deps)
 
     def enqueue_batch(self, jobs: Sequence[NewJob]) -> list[str]:
         """Store every job of ``jobs`` or none: all are checked before any is stored (ENQ-11).
@@ -498,6 +523,7 @@ class Queue:
         ``InvalidArgument`` whose field is ``jobs[i].<field>``.
         """
         resolved = []
+        after: list[list[_Row] | None] = []
         for index, spec in enumerate(jobs):
             if not isinstance(spec, NewJob):
                 raise InvalidArgument(f"jobs[{index}]", "must be a NewJob")
@@ -517,10 +543,11 @@ class Queue:
                         spec.partition,
                     )
                 )
+                after.append(self._table._deps(guard.after(spec.after)) if spec.after else None)
             except InvalidArgument as exc:
                 raise exc.within(f"jobs[{index}]") from None
         now = self._table._now()
-        return [self._insert(item, now) for item in resolved]
+        return [self._insert(item, now, deps) for item, deps in zip(resolved, after, strict=True)]
 
     def resolve(
         self,
@@ -590,7 +617,8 @@ class Queue:
             partition,
         )
 
-    def _insert(self, resolved: tuple[Any, ...], now: float) -> str:
+    def _insert(self, resolved: tuple[Any, ...], now: float, deps: list[_Row] | None = None) -> str:
+        """Store one resolved job; ``deps``: the rows it depends on (DEP-1), checked."""
         payload, prio, delay_s, run_at, expires_s, vis, attempts, base, key, limit, part = resolved
         table = self._table
         if key is not None:
@@ -625,12 +653,48 @@ class Queue:
             table._journal_new.add(seq)
         if key is not None:
             self._keys[key] = row
+        self._totals[0] += 1
+        if deps:
+            row.after = tuple(dep.seq for dep in deps)
+            row.met = {}
+            self._advance(now)
+            death = table._link(row)
+            table._journal_edges(row)
+            if death is not None:
+                self._kill(row, death, now)  # DEP-3: a dependency dead already
+            else:
+                if row.expires_at is not None:
+                    self._expiry.push((row.expires_at, seq, row))
+                self._settle_linked(row, now, fresh=True)
+            return table._format_id(seq)
         if row.expires_at is not None:
             self._expiry.push((row.expires_at, seq, row))
         self._advance(now)
         self._place_pending(row, now, fresh=True)
-        self._totals[0] += 1
         return table._format_id(seq)
+
+    def _settle_linked(self, row: _Row, now: float, *, fresh: bool = False) -> None:
+        """File a live row just linked to its dependencies: waiting while some are not
+        acked (DEP-1), else pending."""
+        if row.unmet:
+            self._table._touch(row)
+            row.state = WAITING
+            self._n_waiting += 1
+            self._by_wait.add((row.enqueued_at, row.seq, row))
+        else:
+            self._place_pending(row, now, fresh=fresh)
+
+    def _wake(self, row: _Row, now: float) -> None:
+        """A waiting row's last dependency was acked: pending, ready at the later of its
+        own ready time and now (DEP-1, DEP-10), filed as a retried row is."""
+        self._advance(now)
+        self._by_wait.remove(row)
+        self._n_waiting -= 1
+        row.state = PENDING
+        if row.ready_at < now:
+            row.ready_at = now
+        self._place_pending(row, now)
+        self._table._freed.add(self)
 
     # -- claim ----------------------------------------------------------------------------
 
@@ -771,6 +835,8 @@ class Queue:
         table = self._table
         if table._watched and row.seq in table._watched:
             table._finish(row, "completed", result, None)
+        if table._dependents and row.seq in table._dependents:
+            table._acked_dependency(row, result, now)
         if self._opts.completed_retention_s is None:
             self._delete(row, now)
             return True
@@ -922,6 +988,17 @@ class Queue:
         row.attempts = 0
         row.died_at = None
         row.ready_at = now
+        if row.after:
+            # It waits again for the dependencies not acked yet (DEP-5), or dies again
+            # at once if one of them is dead or gone.
+            death = self._table._link(row)
+            if death is not None:
+                self._kill(row, death, now)
+                return
+            if row.expires_at is not None:
+                self._expiry.push((row.expires_at, row.seq, row))
+            self._settle_linked(row, now)
+            return
         if row.expires_at is not None:
             self._expiry.push((row.expires_at, row.seq, row))
         self._place_pending(row, now)
@@ -962,6 +1039,7 @@ class Queue:
           ``(claim number,)``, the lease's count (JOB-2), which a heartbeat leaves alone.
         * ``dead``: the most recent death first; key ``(died_at, seq)``.
         * ``completed``: the most recent ack first; key ``(completed_at, seq)`` (RES-3).
+        * ``waiting``: the oldest enqueue first; key ``(enqueued_at, seq)`` (DEP-1).
 
         ``search``: only jobs whose id or key equals it, or whose stored payload JSON
         contains it (as UTF-8 bytes); at most ``scan`` jobs are looked at per call, and
@@ -995,6 +1073,10 @@ class Queue:
         elif state == "processing":
             entries = self._claims.after(None if after is None else after[0])
             key = _claim_key
+        elif state == "waiting":
+            low = None if after is None else (after[0], after[1] + 1)
+            entries = self._by_wait.from_key(low)
+            key = _plain_key
         else:
             high = None if after is None else (after[0], after[1])
             index = self._by_death if state == "dead" else self._by_completion
@@ -1081,7 +1163,7 @@ class Queue:
             return fresh
         return entry[0] if fresh is None or entry[0] < fresh else fresh
 
-    def _restore_indexes(self) -> None:
+    def _restore_indexes(self, waiting: Sequence[_Row] = ()) -> None:
         """Build the listing indexes of a restored queue from its heaps (O(n log n))."""
         self._by_ready = Ranked(self._ready.entries())
         for entry in self._ready.entries():
@@ -1094,6 +1176,7 @@ class Queue:
         self._by_completion = Ranked(
             (row.completed_at, row.seq, row) for row in self._completed.values()
         )
+        self._by_wait = Ranked((row.enqueued_at, row.seq, row) for row in waiting)
 
     def purge_dead(self) -> int:
         """Delete every dead job of this queue; return how many (OPS-6)."""
@@ -1154,6 +1237,7 @@ class Queue:
             processing=self._n_processing,
             dead=len(self._dead),
             completed=len(self._completed),
+            waiting=self._n_waiting,
             paused=self._paused,
             totals=QueueTotals(*self._totals),
             oldest_ready_at=self._oldest_ready_at(),
@@ -1311,7 +1395,7 @@ class Queue:
             flow.wake(now)
 
     def _unlink(self, row: _Row, now: float) -> None:
-        """Take a pending, processing or dead row out of its index and counters."""
+        """Take a live, dead or completed row out of its index and counters."""
         heap = row._heap
         if heap is not None:
             heap.forget(row)
@@ -1338,6 +1422,8 @@ class Queue:
             del self._dead[row.seq]
         elif state is COMPLETED:
             del self._completed[row.seq]
+        elif state is WAITING:
+            self._n_waiting -= 1
         if row.partition is not None and heap is not None and heap is not self._scheduled:
             part = self._flow.parts.get(row.partition)
             if part is not None and heap is part.ready and not part.ready:
@@ -1346,8 +1432,9 @@ class Queue:
                 # until a claim happens on its stale turn.
                 self._flow.refile(part, now)
 
-    def _kill(self, row: _Row, error: str, now: float) -> None:
-        """Move an unlinked row to dead (DLQ-1)."""
+    def _kill(self, row: _Row, error: str, now: float, *, spread: bool = True) -> None:
+        """Move an unlinked row to dead (DLQ-1); and, unless ``spread`` is false, the
+        jobs waiting for it (DEP-3)."""
         self._table._touch(row)
         if row._exp_entry is not None:
             self._expiry.forget(row)
@@ -1363,6 +1450,8 @@ class Queue:
         table = self._table
         if table._watched and row.seq in table._watched:
             table._finish(row, "dead", None, error)
+        if spread and table._dependents and row.seq in table._dependents:
+            table._doom(row, _died(table._format_id(row.seq), error), now)
 
     def _delete(self, row: _Row, now: float) -> None:
         """Remove a row for good (ack, cancel, purge, retention)."""
@@ -1374,6 +1463,14 @@ class Queue:
         self._unlink(row, now)
         if row._exp_entry is not None:
             self._expiry.forget(row)
+        if table._dependents and row.seq in table._dependents:
+            if row.state is not None and row.state is not DEAD:  # a live row cancelled
+                table._doom(row, f"dependency {table._format_id(row.seq)} was cancelled", now)
+            del table._dependents[row.seq]
+        if row.after:
+            table._unhook(row)
+            if table._journal is not None:
+                table._journal_gone.append(row.seq)
         del table._rows[row.seq]
         if row.key is not None:
             del self._keys[row.key]
@@ -1384,8 +1481,24 @@ class Queue:
 _HEX_DIGITS = "0123456789abcdef"
 
 
+def _died(job_id: str, error: str) -> str:
+    """A dependent's last error when its dependency ``job_id`` died of ``error`` (DEP-3),
+    cut to ``MAX_ERROR_CHARS`` as any error (a long chain nests them)."""
+    text = f"dependency {job_id} died: {error}"
+    if len(text) > guard.MAX_ERROR_CHARS:
+        text = text[: guard.MAX_ERROR_CHARS - 3] + "..."
+    return text
+
+
 # Each listed state's key: "i" an int, "f" a number (see Queue.list_jobs).
-_KEY_KINDS = {"ready": "ifi", "scheduled": "fi", "processing": "i", "dead": "fi", "completed": "fi"}
+_KEY_KINDS = {
+    "ready": "ifi",
+    "scheduled": "fi",
+    "processing": "i",
+    "dead": "fi",
+    "completed": "fi",
+    "waiting": "fi",
+}
 
 
 def _back_off_args(
@@ -1514,6 +1627,16 @@ class JobTable:
         # Rows whose progress changed since the last take_changes(), when a store
         # listens: the latest of each is written, once per commit (PRG-2).
         self._journal_progress: dict[int, _Row] = {}
+        # Dependencies (DEP-1 on): for each job that others depend on, by its seq, those
+        # jobs by seq: waiting ones, and dead ones, which keep the results of the rest
+        # for a redrive (DEP-5). An entry goes when the job is acked or deleted (a dead
+        # job keeps it: it may be redriven); a dependent leaves the lists when deleted.
+        self._dependents: dict[int, dict[int, _Row]] = {}
+        # Edges written since the last take (DEP_FIELDS tuples: new ones whole, then
+        # acks meeting them as (result, seq, dep)), and the rows with edges deleted.
+        self._journal_new_edges: list[tuple[Any, ...]] = []
+        self._journal_met: list[tuple[Any, ...]] = []
+        self._journal_gone: list[int] = []
 
     # -- queues ---------------------------------------------------------------------------
 
@@ -1623,8 +1746,9 @@ class JobTable:
     def enqueue_each(self, jobs: Iterable[tuple[Any, ...]]) -> list[str | Exception]:
         """Enqueue each job on its own, in order, all at one instant (the clock is read
         once): each a tuple ``(queue, payload, priority, delay_s, run_at, expires_s,
-        visibility_timeout_s, max_attempts, backoff_base_s, key[, timeout_s[, partition]])``
-        with ``enqueue``'s meanings, its queue made on first use (ENQ-2 to ENQ-10).
+        visibility_timeout_s, max_attempts, backoff_base_s, key[, timeout_s[, partition[,
+        after]]])`` with ``enqueue``'s meanings, its queue made on first use (ENQ-2 to
+        ENQ-10, DEP-1).
 
         Returns, for each, its id, or the ``InvalidArgument`` that refused it (nothing
         changed for it: ENQ-7), or any other exception raised for it alone (a bug: the
@@ -1638,10 +1762,244 @@ class JobTable:
                 queue = queues.get(name) if type(name) is str else None
                 if queue is None:
                     queue = self.queue(name)
-                out.append(queue._insert(queue.resolve(*job[1:]), now))
+                if len(job) > 12 and job[12]:
+                    resolved = queue.resolve(*job[1:12])
+                    out.append(queue._insert(resolved, now, self._deps(guard.after(job[12]))))
+                else:
+                    out.append(queue._insert(queue.resolve(*job[1:12]), now))
             except Exception as exc:  # InvalidArgument, or a bug that must stay this job's
                 out.append(exc)
         return out
+
+    # -- dependencies (DEP-1 on) ------------------------------------------------------------
+
+    def enqueue_group(self, jobs: Sequence[tuple[Any, ...]]) -> list[str]:
+        """Enqueue every job of ``jobs`` or none (DEP-6): each a tuple as
+        ``enqueue_each`` takes, whose ``after`` (its 13th member) may also name members
+        of the group by index (an ``int``). Returns the ids in the order given (a member
+        whose key is taken gets that job's id and adds no edges: DEP-8; those naming it
+        depend on that job).
+
+        Raises ``InvalidArgument`` whose field is ``jobs[i].<field>`` for a bad member
+        (``jobs[i].after[j]`` for an unknown id or a bad index), or ``DependencyCycle``
+        (field ``jobs[i].after``, ``i`` a member of the circle) when members depend on
+        each other in a circle (DEP-4): nothing is stored then. The members are stored
+        in an order where each comes after those it names (Kahn's algorithm: O(members +
+        edges)), all at one instant; queues are made on first use."""
+        now = self._now()
+        count = len(jobs)
+        resolved: list[tuple[Any, ...]] = []
+        afters: list[tuple[str | int, ...]] = []
+        known: list[list[_Row]] = []
+        for i, job in enumerate(jobs):
+            try:
+                name = job[0]
+                queue = self._queues.get(name) if type(name) is str else None
+                if queue is None:
+                    guard.queue_name(name)
+                    queue = self._detached_queue(name)  # (made only once all is checked)
+                resolved.append(queue.resolve(*job[1:12]))
+                after = guard.after(job[12] if len(job) > 12 else (), count)
+                if i in after:
+                    raise DependencyCycle("after", "a job cannot depend on itself")
+                known.append(self._deps(after))
+            except InvalidArgument as exc:
+                raise exc.within(f"jobs[{i}]") from None
+            afters.append(after)
+        # Kahn's algorithm over the edges between members.
+        needs = [0] * count
+        named_by: list[list[int]] = [[] for _ in range(count)]
+        for i, after in enumerate(afters):
+            for item in after:
+                if isinstance(item, int):
+                    needs[i] += 1
+                    named_by[item].append(i)
+        order = [i for i in range(count) if needs[i] == 0]
+        for i in order:  # (grows as it goes)
+            for j in named_by[i]:
+                needs[j] -= 1
+                if needs[j] == 0:
+                    order.append(j)
+        if len(order) < count:
+            stuck = next(i for i in range(count) if needs[i])
+            raise DependencyCycle(
+                f"jobs[{stuck}].after", "the group's jobs depend on each other in a circle"
+            )
+        ids: list[str] = [""] * count
+        for i in order:
+            queue = self.queue(jobs[i][0])
+            deps = list(known[i])
+            for item in afters[i]:
+                if isinstance(item, int):
+                    row = self._lookup(ids[item])
+                    assert row is not None
+                    deps.append(row)
+            # (Ids first, then members, as named: the order kept is the one given.)
+            deps = self._in_order(afters[i], deps, ids)
+            ids[i] = queue._insert(resolved[i], now, deps or None)
+        return ids
+
+    def _in_order(
+        self, after: tuple[str | int, ...], deps: list[_Row], ids: list[str]
+    ) -> list[_Row]:
+        """``deps`` in the order ``after`` names them (ids and member indexes mixed)."""
+        if len(deps) < 2:
+            return deps
+        by_id = {self._format_id(row.seq): row for row in deps}
+        out: list[_Row] = []
+        for item in after:
+            row = by_id.pop(ids[item] if isinstance(item, int) else item, None)
+            if row is not None:
+                out.append(row)
+        return out
+
+    def _deps(self, after: tuple[str | int, ...]) -> list[_Row]:
+        """The rows the ids of ``after`` name (member indexes are skipped), each one the
+        table knows (DEP-7); raises ``InvalidArgument`` (field ``after[i]``) for one it
+        does not."""
+        rows: list[_Row] = []
+        for i, job_id in enumerate(after):
+            if job_id.__class__ is int:
+                continue
+            row = self._lookup(job_id)
+            if row is None:
+                raise InvalidArgument(
+                    f"after[{i}]",
+                    f"no job {str(job_id)[:80]!r} is known (a dependency must be a live "
+                    "job, a member of the same group, or a finished job still kept: "
+                    "completed_retention_s)",
+                )
+            rows.append(row)
+        return rows
+
+    def _link(self, row: _Row) -> str | None:
+        """Link a new or redriven row to its dependencies not acked yet (DEP-1): its
+        ``unmet`` count is set, and it is listed under each live one. A dependency kept
+        completed counts as acked (its result taken). Returns why the row must die
+        instead (a dependency dead, or gone while not acked: DEP-3, DEP-5), linking
+        nothing then."""
+        met = row.met
+        assert met is not None
+        rows = self._rows
+        for seq in row.after:
+            if seq not in met:
+                dep = rows.get(seq)
+                death = None
+                if dep is None:
+                    death = f"dependency {self._format_id(seq)} is gone"
+                elif dep.state is DEAD:
+                    death = _died(self._format_id(seq), dep.last_error or FAILED)
+                if death is not None:
+                    # It dies, listed under its live dependencies still, whose acks keep
+                    # their results for a later redrive (DEP-5), as any dead dependent.
+                    self._register(row)
+                    return death
+        unmet = 0
+        dependents = self._dependents
+        journal = self._journal
+        for seq in row.after:
+            if seq in met:
+                continue
+            dep = rows[seq]
+            if dep.state is COMPLETED:
+                met[seq] = dep.result
+                if journal is not None:
+                    self._journal_met.append((dep.result, row.seq, seq))
+                continue
+            waiting = dependents.get(seq)
+            if waiting is None:
+                waiting = dependents[seq] = {}
+            waiting[row.seq] = row
+            unmet += 1
+        row.unmet = unmet
+        return None
+
+    def _journal_edges(self, row: _Row) -> None:
+        """Record a new row's edges whole for the store (``DEP_FIELDS``)."""
+        if self._journal is None:
+            return
+        met = row.met
+        assert met is not None
+        seq = row.seq
+        self._journal_new_edges.extend(
+            (seq, dep, pos, dep in met, met.get(dep)) for pos, dep in enumerate(row.after)
+        )
+
+    def _acked_dependency(self, dep: _Row, result: bytes | None, now: float) -> None:
+        """``dep``'s ack landed: each job waiting for it keeps its result, and one that
+        waits for nothing more becomes pending (DEP-1, DEP-2): O(log n) per edge."""
+        waiting = self._dependents.pop(dep.seq)
+        journal = self._journal
+        for row in waiting.values():
+            met = row.met
+            assert met is not None
+            met[dep.seq] = result
+            if journal is not None:
+                self._journal_met.append((result, row.seq, dep.seq))
+            row.unmet -= 1
+            if row.unmet == 0 and row.state is WAITING:  # (a dead one just keeps it)
+                row.queue._wake(row, now)
+
+    def _doom(self, dep: _Row, error: str, now: float) -> None:
+        """``dep`` died (``error`` says how) or was cancelled while jobs waited for it:
+        each dies at once, and so, in turn, does each job waiting for those (DEP-3). A
+        stack, not recursion: a chain may be long."""
+        stack = [(dep.seq, error)]
+        dependents = self._dependents
+        while stack:
+            seq, why = stack.pop()
+            # (The list stays while the dead job is kept: if it is redriven and acked,
+            # its dead dependents keep its result for their own redrive, DEP-5.)
+            waiting = dependents.get(seq)
+            if not waiting:
+                continue
+            for row in list(waiting.values()):
+                if row.state is not WAITING:
+                    continue
+                queue = row.queue
+                queue._unlink(row, now)
+                queue._kill(row, why, now, spread=False)
+                if row.seq in dependents:
+                    stack.append((row.seq, _died(self._format_id(row.seq), why)))
+
+    def _register(self, row: _Row) -> None:
+        """List a dead row under its dependencies not acked yet, live or dead (see
+        ``_dependents``): one dying as it is linked, or restored from a store."""
+        met = row.met
+        assert met is not None
+        rows = self._rows
+        for seq in row.after:
+            dep = rows.get(seq)
+            if seq not in met and dep is not None and dep.state is not COMPLETED:
+                self._dependents.setdefault(seq, {})[row.seq] = row
+
+    def _unhook(self, row: _Row) -> None:
+        """Take a deleted row off the lists of the dependencies it was waiting for."""
+        met = row.met
+        assert met is not None
+        dependents = self._dependents
+        for seq in row.after:
+            if seq in met:
+                continue
+            waiting = dependents.get(seq)
+            if waiting is not None:
+                waiting.pop(row.seq, None)
+                if not waiting:
+                    del dependents[seq]
+        row.unmet = 0
+
+    def dependency_results(self, job_id: str) -> list[tuple[str, bytes | None]] | None:
+        """The results of the dependencies of ``job_id`` whose acks landed, as ``(id,
+        encoded JSON or None)`` in the order its enqueue named them (DEP-2); ``None``
+        for an id with no job. Kept as long as the job is."""
+        row = self._lookup(job_id)
+        if row is None:
+            return None
+        met = row.met
+        if not met:
+            return []
+        fmt = self._format_id
+        return [(fmt(seq), met[seq]) for seq in row.after if seq in met]
 
     def ack(self, job_id: str, lease: str, result: bytes | None = None) -> bool:
         if result is not None:
@@ -1909,6 +2267,7 @@ class JobTable:
             or bool(self._journal_queues)
             or self._schedules.has_changes
             or bool(self._journal_progress)
+            or bool(self._journal_new_edges or self._journal_met or self._journal_gone)
         )
 
     def take_changes(self) -> Changes:
@@ -1961,6 +2320,9 @@ class JobTable:
         self._journal_queues = set()
         meta = (self.id_prefix, self._seq, self._leases_issued)
         schedules, schedules_deleted = self._schedules.take()
+        edges, met, gone = self._journal_new_edges, self._journal_met, self._journal_gone
+        if edges or met or gone:
+            self._journal_new_edges, self._journal_met, self._journal_gone = [], [], []
         return Changes(
             upserts,
             deleted,
@@ -1970,6 +2332,9 @@ class JobTable:
             claims,
             schedules,
             schedules_deleted,
+            edges,
+            met,
+            gone,
             progress=progress,
         )
 
@@ -2004,13 +2369,15 @@ class JobTable:
         max_payload_bytes: int = 1 << 20,
         schedules: Iterable[tuple[Any, ...]] = (),
         progress: Iterable[tuple[int, bytes]] = (),
+        edges: Iterable[tuple[Any, ...]] = (),
     ) -> JobTable:
         """A table rebuilt from what ``take_changes()`` gave a store, journal on.
 
         ``meta`` is ``(id_prefix, seq, leases_issued)``; ``queues`` are ``QUEUE_FIELDS``
         tuples, ``rows`` ``ROW_FIELDS`` tuples and ``schedules`` ``SCHEDULE_FIELDS``
-        tuples, in any order. A schedule keeps its progress: a ``next_at`` already past
-        fires at the first ``fire_schedules()``, by its ``missed`` policy (SCH-4). Leases
+        tuples, in any order; ``edges`` are ``DEP_FIELDS`` tuples. A schedule keeps its
+        progress: a ``next_at`` already past fires at the first ``fire_schedules()``, by
+        its ``missed`` policy (SCH-4). Leases
         valid at the save stay valid until their deadline. Raises ``ValueError`` for a
         row that names an unknown state. Costs O(n) (heaps are built in one go, not row by row).
         """
@@ -2027,6 +2394,7 @@ class JobTable:
         dead: list[_Row] = []
         completed: list[_Row] = []
         keyed: list[_Row] = []
+        waiting: list[_Row] = []
         for values in rows:
             row = _row_from_tuple(table, values)
             table._rows[row.seq] = row
@@ -2041,7 +2409,10 @@ class JobTable:
                 continue
             if row.expires_at is not None:
                 queue._expiry.append((row.expires_at, row.seq, row))
-            if row.state is PENDING:
+            if row.state is WAITING:
+                waiting.append(row)
+                queue._n_waiting += 1
+            elif row.state is PENDING:
                 if row.ready_at > now:
                     queue._scheduled.append((row.ready_at, row.seq, row))
                     queue._n_scheduled += 1
@@ -2065,13 +2436,17 @@ class JobTable:
         completed.sort(key=lambda r: (r.completed_at, r.seq))
         for row in completed:
             row.queue._completed[row.seq] = row
+        table._restore_edges(edges, waiting)
+        waiting_in: dict[Queue, list[_Row]] = {}
+        for row in waiting:
+            waiting_in.setdefault(row.queue, []).append(row)
         for queue in table._queues.values():
             for heap in (queue._ready, queue._scheduled, queue._leases):
                 heap.rebuild()
                 for entry in heap.entries():
                     entry[-1]._heap = heap
             queue._expiry.rebuild()
-            queue._restore_indexes()
+            queue._restore_indexes(waiting_in.get(queue, ()))
         for row in keyed:  # O(log n) each (keyed rows are not in the bulk-built heaps)
             row.queue._make_ready(row, now)
             row.queue._n_ready += 1
@@ -2083,6 +2458,31 @@ class JobTable:
                 found.progress = value
         table.start_journal()
         return table
+
+    def _restore_edges(self, edges: Iterable[tuple[Any, ...]], waiting: list[_Row]) -> None:
+        """Put the stored edges back on their rows, and each waiting row on the lists
+        of the dependencies it still waits for (O(edges))."""
+        found: dict[int, list[tuple[int, int, bool, bytes | None]]] = {}
+        rows = self._rows
+        for seq, dep, pos, met, result in edges:
+            if seq in rows:
+                found.setdefault(seq, []).append(
+                    (pos, dep, bool(met), None if result is None else bytes(result))
+                )
+        for seq, items in found.items():
+            row = rows[seq]
+            items.sort()
+            row.after = tuple(item[1] for item in items)
+            row.met = {dep: result for _, dep, met, result in items if met}
+        for row in waiting:
+            if row.met is None:  # (no edges: nothing to wait for, a store's mistake)
+                raise ValueError(f"row {row.seq}: waiting without dependencies")
+            if self._link(row) is not None or not row.unmet:
+                raise ValueError(f"row {row.seq}: waiting for nothing it can get")
+        for seq in found:
+            row = rows[seq]
+            if row.state is DEAD:
+                self._register(row)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -2181,6 +2581,8 @@ class JobTable:
             result_json=row.result,
             completed_at=row.completed_at,
             progress_json=row.progress,
+            after=tuple(self._format_id(seq) for seq in row.after) if row.after else (),
+            waiting_for=row.unmet if state is WAITING else 0,
         )
 
 
@@ -2227,6 +2629,11 @@ UPDATE_FIELDS = (
     "seq",
 )
 
+#: The order of an edge tuple (``Changes.edges``, ``restore``'s ``edges``): the dependent
+#: job's seq, its dependency's seq, the dependency's place in its ``after``, whether
+#: that dependency's ack landed, and the result it stored (DEP-1, DEP-2).
+DEP_FIELDS = ("seq", "dep", "pos", "met", "result")
+
 #: The order of a claims tuple of ``Changes``: the fields a claim sets, then the seq.
 CLAIM_FIELDS = ("state", "attempts", "worker_id", "deadline", "lease", "seq")
 
@@ -2257,6 +2664,11 @@ class Changes(NamedTuple):
     # (These two last, with defaults, so that a Changes made without them still is one.)
     schedules: list[tuple[Any, ...]] = []  # SCHEDULE_FIELDS tuples  # noqa: RUF012
     schedules_deleted: list[str] = []  # ids  # noqa: RUF012
+    # Dependencies (DEP-1 on): new edges (DEP_FIELDS tuples), acks meeting stored edges
+    # as (result, seq, dep), and the seqs of deleted rows whose edges go with them.
+    edges: list[tuple[Any, ...]] = []  # noqa: RUF012
+    edges_met: list[tuple[Any, ...]] = []  # noqa: RUF012
+    edges_deleted: list[int] = []  # noqa: RUF012
     # (progress, seq) of each live row whose progress changed: the latest only (PRG-2).
     progress: list[tuple[bytes | None, int]] = []  # noqa: RUF012
 

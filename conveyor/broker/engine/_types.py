@@ -33,6 +33,10 @@ class JobState(StrEnum):
     # In by an ack of a valid lease on a queue that keeps finished jobs
     # (``completed_retention_s``); out by its retention ending (sweep) or a cancel.
     COMPLETED = "completed"
+    # In by an enqueue (or a redrive) naming dependencies not all acked yet (DEP-1); out
+    # to pending by the ack of its last one, to dead by one's death or cancel (DEP-3), by
+    # its own expiry, or by a cancel. Never claimable.
+    WAITING = "waiting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +144,8 @@ class NewJob:
     key: str | None = None
     timeout_s: float | None = None
     partition: str | None = None
+    # The ids of the jobs it waits for (DEP-1): it is claimable once each is acked.
+    after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +183,10 @@ class Job:
     # The latest progress a holder of its lease reported, as encoded JSON (PRG-1);
     # None: none reported.
     progress_json: bytes | None = None
+    # The ids of the jobs it depends on, in the order the enqueue named them (DEP-1).
+    after: tuple[str, ...] = ()
+    # How many of them it still waits for (their acks not landed yet); 0 for none.
+    waiting_for: int = 0
 
     @property
     def progress(self) -> Any:
@@ -235,6 +245,9 @@ class QueueStats:
     # Finished jobs kept with their results (state COMPLETED, RES-3); not a running
     # total (that is ``totals.completed``).
     completed: int = 0
+    # Jobs waiting for their dependencies (state WAITING, DEP-1): not claimable, counted
+    # in neither ``ready`` nor ``scheduled``.
+    waiting: int = 0
 
     @property
     def pending(self) -> int:
@@ -242,9 +255,10 @@ class QueueStats:
 
     def count(self, state: str) -> int:
         """How many of the queue's jobs are in ``state``: ``ready``, ``scheduled``,
-        ``processing``, ``dead`` or ``completed`` (JOB-5). Raises ``KeyError`` for another
-        name."""
+        ``processing``, ``dead``, ``completed`` or ``waiting`` (JOB-5). Raises ``KeyError``
+        for another name."""
         return {
+            "waiting": self.waiting,
             "ready": self.ready,
             "scheduled": self.scheduled,
             "processing": self.processing,

@@ -81,6 +81,7 @@ from typing import Any
 
 from ..engine import (
     CLAIM_FIELDS,
+    DEP_FIELDS,
     QUEUE_FIELDS,
     ROW_FIELDS,
     SCHEDULE_FIELDS,
@@ -213,6 +214,21 @@ _SCHEMA_V7_PROGRESS = """
 ALTER TABLE jobs ADD COLUMN progress BLOB;
 """
 
+# Version 8: dependencies (docs/contract.md, DEP-1 on): a job's edges, a row each, as DEP_FIELDS:
+# the dependent's seq, its dependency's seq and place in its ``after``, whether that
+# dependency's ack landed and the result it stored. The rows of a job go with it. A
+# job waiting for its dependencies has state 'waiting' (a state text like the others).
+_SCHEMA_DEPS = """
+CREATE TABLE deps (
+    seq INTEGER NOT NULL,
+    dep INTEGER NOT NULL,
+    pos INTEGER NOT NULL,
+    met INTEGER NOT NULL,
+    result BLOB,
+    PRIMARY KEY (seq, dep)
+) WITHOUT ROWID;
+"""
+
 # _MIGRATIONS[i] upgrades a database at user_version i to i + 1.
 _MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V1,
@@ -222,6 +238,7 @@ _MIGRATIONS: tuple[str, ...] = (
     _SCHEMA_V5,
     _SCHEMA_V6,
     _SCHEMA_V7_PROGRESS,
+    _SCHEMA_DEPS,
 )
 _SWITCH_INTERVAL_S = 0.0005
 # Commits per checkpoint with sync="normal". A commit adds a few pages to the WAL, so this
@@ -263,6 +280,10 @@ _CLAIM_AT = tuple(ROW_FIELDS.index(name) for name in CLAIM_FIELDS)
 _UPSERT_SCHEDULE = (
     f"INSERT OR REPLACE INTO schedules ({', '.join(SCHEDULE_FIELDS)}) "
     f"VALUES ({', '.join('?' for _ in SCHEDULE_FIELDS)})"
+)
+_INSERT_EDGE = (
+    f"INSERT OR REPLACE INTO deps ({', '.join(DEP_FIELDS)}) "
+    f"VALUES ({', '.join('?' for _ in DEP_FIELDS)})"
 )
 _UPSERT_QUEUE = (
     f"INSERT INTO queues ({', '.join(QUEUE_FIELDS)}) "
@@ -475,6 +496,7 @@ class SqliteStore:
                 rows = db.execute(f"SELECT {columns} FROM jobs ORDER BY seq")
             schedules = db.execute(f"SELECT {', '.join(SCHEDULE_FIELDS)} FROM schedules")
             progress = db.execute("SELECT seq, progress FROM jobs WHERE progress IS NOT NULL")
+            edges = db.execute(f"SELECT {', '.join(DEP_FIELDS)} FROM deps").fetchall()
             table = JobTable.restore(
                 (meta[0], meta[1], leases_issued),
                 queues,
@@ -484,6 +506,7 @@ class SqliteStore:
                 max_payload_bytes=max_payload_bytes,
                 schedules=schedules,
                 progress=progress.fetchall(),
+                edges=edges,
             )
             if late:
                 self._keep_logged(db, late, claims, leases_issued)
@@ -859,6 +882,9 @@ class SqliteStore:
                 or changes.schedules
                 or changes.schedules_deleted
                 or changes.progress
+                or changes.edges
+                or changes.edges_met
+                or changes.edges_deleted
             )
         ):
             log.append(self._commit_no + 1, changes.meta[2], *packed)
@@ -931,6 +957,17 @@ class SqliteStore:
                     )
                 if changes.schedules:  # in the transaction of the jobs their ticks made
                     db.executemany(_UPSERT_SCHEDULE, changes.schedules)
+                if changes.edges:  # (new edges, then acks meeting them, then the gone)
+                    db.executemany(_INSERT_EDGE, changes.edges)
+                if changes.edges_met:
+                    db.executemany(
+                        "UPDATE deps SET met = 1, result = ? WHERE seq = ? AND dep = ?",
+                        changes.edges_met,
+                    )
+                if changes.edges_deleted:
+                    db.executemany(
+                        "DELETE FROM deps WHERE seq = ?", [(s,) for s in changes.edges_deleted]
+                    )
                 db.execute(
                     "INSERT INTO meta (id, id_prefix, seq, leases_issued, commits) "
                     "VALUES (1, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET id_prefix = "
