@@ -35,7 +35,7 @@ from typing import Any
 from ._client import Client
 from ._errors import ConnectionFailed, ConveyorError
 from ._table import Column, duration, fields, table, when
-from ._types import JobInfo, ScheduleInfo
+from ._types import JobEvent, JobInfo, ScheduleInfo
 from ._urls import DEFAULT_URL, URL_HELP, url_argument
 from ._wire import WireError, decode_value, encode
 
@@ -72,6 +72,8 @@ class Outcome:
     text: str | None
     problems: list[str] = field(default_factory=list)
     failed: bool = False
+    # The command printed as it went (``watch``): nothing more on stdout.
+    streamed: bool = False
 
 
 Action = Callable[[Client, argparse.Namespace, float], Awaitable[Outcome]]
@@ -147,7 +149,9 @@ def run_client(args: argparse.Namespace, action: Action) -> int:
     except ConveyorError as exc:
         say(f"{exc.code}: {exc.message}")
         return EXIT_FAILED
-    if args.json:
+    if outcome.streamed:
+        pass
+    elif args.json:
         print(_json(outcome.data))
     elif outcome.text is not None:
         print(outcome.text)
@@ -336,6 +340,34 @@ async def _job(client: Client, args: argparse.Namespace, now: float) -> Outcome:
     if info is None:
         return Outcome(None, None, [f"{args.id}: {_GONE}"], failed=True)
     return Outcome(dataclasses.asdict(info), show_job(info, now))
+
+
+def show_event(event: JobEvent) -> str:
+    """One line for a watched job's event (``conveyor watch``)."""
+    if event.kind == "progress":
+        return f"progress  {progress_text(event.progress)}  (attempt {event.attempt})"
+    if event.kind == "retry":
+        error = f": {event.error}" if event.error else ""
+        return f"retry     attempt {event.attempt} {event.reason}{error}"
+    if event.state == "completed":
+        return f"completed {json.dumps(event.result, ensure_ascii=False)}"
+    if event.state == "dead":
+        return f"dead      {event.error}"
+    if event.state == "unknown":
+        return f"unknown   {_GONE}"
+    return str(event.state)
+
+
+async def _watch(client: Client, args: argparse.Namespace, now: float) -> Outcome:
+    last: JobEvent | None = None
+    async for event in client.watch(args.id):
+        last = event
+        if args.json:
+            print(json.dumps(dataclasses.asdict(event), ensure_ascii=False), flush=True)
+        else:
+            print(show_event(event), flush=True)
+    failed = last is None or last.state != "completed"
+    return Outcome(None, None, failed=failed, streamed=True)
 
 
 async def _jobs(client: Client, args: argparse.Namespace, now: float) -> Outcome:
@@ -629,6 +661,16 @@ def add_admin_commands(commands: Any) -> None:
     job = _command(commands, "job", "show one job", _job)
     job.add_argument("id")
     connection_args(job)
+
+    watch = _command(
+        commands,
+        "watch",
+        "follow one job live: its progress and retries, a line each, until it ends "
+        "(exit 0 when it completed)",
+        _watch,
+    )
+    watch.add_argument("id")
+    connection_args(watch)
 
     jobs = _command(commands, "jobs", "list the jobs of a queue in one state", _jobs)
     jobs.add_argument("queue")

@@ -469,6 +469,7 @@ class Client:
         watchers = self._watches.setdefault(job_id, [])
         first = not watchers
         watchers.append(watch)
+        ended = False
         try:
             if first:
                 reply = await self._call("watch_job", id=job_id)
@@ -482,8 +483,9 @@ class Client:
                     watch.wake.clear()
                     await watch.wake.wait()
                 event = watch.events.popleft()
+                ended = event.kind == "end"
                 yield event
-                if event.kind == "end":
+                if ended:
                     return
         finally:
             left = self._watches.get(job_id)
@@ -491,7 +493,7 @@ class Client:
                 left.remove(watch)
                 if not left:
                     del self._watches[job_id]
-                    if self._session.connected.is_set():
+                    if not ended and self._session.connected.is_set():
                         with contextlib.suppress(Exception):
                             await self._call("unwatch_job", id=job_id)
 

@@ -35,6 +35,11 @@ and ``conveyor.worker.jobs`` one line as each job ends: INFO for ``ok``, an expl
 limit, ERROR with the traceback for a handler's exception. Whether INFO is on is asked
 once per pushed frame: with it off a job's end costs no clock read and no formatting.
 
+A handler's ``job.progress(value)`` is kept as the job's latest progress and sent in a
+``progress`` frame at most once per ``progress_interval_s`` for the whole worker, and
+never while a frame of that job's is unanswered; a job's last value goes out before its
+report (docs/worker.md, "Progress").
+
 A job stays "held" until the broker has answered its report, so that after a
 reconnect the worker re-attaches the leases of running and not-yet-reported jobs in
 ``subscribe``, then resends the reports the outage swallowed.
@@ -143,6 +148,7 @@ class Worker:
 
     ``timeouts`` maps a queue to its handler's time limit in seconds (the queue level:
     a handler's ``timeout_s`` and a job's own win over it; see the module docstring).
+    ``progress_interval_s`` is the least time between two progress frames.
     """
 
     def __init__(

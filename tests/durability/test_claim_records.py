@@ -293,9 +293,7 @@ def test_a_version_1_database_is_upgraded_and_keeps_its_claimed_rows(tmp_path: P
     store, table = _open(path, clock)
     try:
         assert store._db is not None
-        assert store._db.execute("PRAGMA user_version").fetchone()[0] == len(
-            sqlite_store._MIGRATIONS
-        )
+        assert store._db.execute("PRAGMA user_version").fetchone()[0] == sqlite_store._VERSION
         first, second = table.get_job("old1"), table.get_job("old2")
         assert first is not None and first.state == "pending"
         assert second is not None and (second.state, second.worker_id, second.attempts) == (

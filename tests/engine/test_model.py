@@ -57,6 +57,7 @@ FIELDS = (
     "last_error",
     "died_at",
     "key",
+    "progress_json",
 )
 get_fields = operator.attrgetter(*FIELDS)
 
@@ -99,6 +100,7 @@ class MJob:
     lease: str | None = None
     last_error: str | None = None
     died_at: float | None = None
+    progress_json: bytes | None = None  # PRG-1, PRG-4: kept through retries
 
 
 @dataclass
@@ -279,6 +281,12 @@ class Model:
         if not self.valid(job_id, lease):
             return False
         self.jobs[job_id].deadline = self.now
+        return True
+
+    def progress(self, job_id: str, lease: str, value: bytes) -> bool:
+        if not self.valid(job_id, lease):
+            return False
+        self.jobs[job_id].progress_json = value
         return True
 
     def cancel(self, job_id: str, queue: str | None) -> bool:
@@ -714,6 +722,16 @@ class EngineVsModel(RuleBasedStateMachine):
         self, i: int, op: str, via_table: bool, error: str | None, delay_s: float | None
     ) -> None:
         self.handle_op(self.held[i % len(self.held)], op, via_table, error, delay_s)
+
+    @precondition(lambda self: bool(self.held))
+    @rule(picks=st.lists(indexes, min_size=1, max_size=4), n=st.integers(0, 99))
+    def progress(self, picks: list[int], n: int) -> None:
+        """PRG-1, PRG-2: stored under a valid lease only, the latest winning."""
+        chosen = [self.held[i % len(self.held)] for i in picks]
+        items = [(h.id, h.lease, str(n + k).encode()) for k, h in enumerate(chosen)]
+        got = self.table.progress_many(items)
+        want = [self.model.progress(*item) for item in items]
+        assert got == want, f"progress {items}: model {want}, engine {got}"
 
     @rule(
         queue=st.sampled_from(QUEUES),

@@ -48,16 +48,28 @@ async def test_a_watcher_on_one_broker_sees_progress_made_through_another_prg_8(
             return "done"
 
         seen: list[tuple[Any, ...]] = []
-        async with working(worker):
-            async with asyncio.timeout(WAIT):
-                async for event in publisher.watch(job_id):
-                    if event.kind == "progress":
-                        seen.append(("progress", event.attempt, event.progress))
-                        steps[0 if event.attempt == 1 else int(event.progress * 2)].set()
-                    elif event.kind == "retry":
-                        seen.append(("retry", event.attempt, event.reason, event.error))
-                    else:
-                        seen.append(("end", event.state, event.result))
+
+        async def watch() -> None:
+            async for event in publisher.watch(job_id):
+                if event.kind == "progress":
+                    seen.append(("progress", event.attempt, event.progress))
+                    steps[0 if event.attempt == 1 else int(event.progress * 2)].set()
+                elif event.kind == "retry":
+                    seen.append(("retry", event.attempt, event.reason, event.error))
+                else:
+                    seen.append(("end", event.state, event.result))
+
+        watching = asyncio.get_running_loop().create_task(watch())
+        try:
+            # The watch is in place before the job runs: once its request is handled, a
+            # later call through that broker answers after its follow did (calls take
+            # the table in order).
+            await probe.wait_for(lambda: probe.handled("watch_job"), WAIT)
+            await publisher.get_job(job_id)
+            async with working(worker):
+                await asyncio.wait_for(asyncio.shield(watching), WAIT)
+        finally:
+            watching.cancel()
         assert seen == [
             ("progress", 1, 0.1),
             ("retry", 1, "failed", "once more"),

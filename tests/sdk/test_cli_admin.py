@@ -567,3 +567,68 @@ def test_per_call_options_are_only_the_requests_own() -> None:
         ("jobs", "--state"), ("jobs", "--search"), ("jobs", "--cursor"),
         ("dead", "--cursor"), ("stats", "--queue"), ("redrive", "--all"),
     }  # fmt: skip
+
+
+# -- watch ------------------------------------------------------------------------------
+
+
+def test_watch_prints_each_progress_and_the_end_then_exits_0(broker_process: str) -> None:
+    url, queue = broker_process, queue_name()
+    (job_id,) = asyncio.run(_enqueued(url, queue, {"pages": 2}))
+    proc = subprocess.Popen(
+        conveyor("watch", job_id, "--url", url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env=env(),
+    )
+    assert proc.stdout is not None
+    lines = Lines(proc.stdout)
+
+    async def work() -> tuple[str, str]:
+        worker = Worker(url, queues=[queue], progress_interval_s=0.01)
+        shown = asyncio.Event()
+
+        @worker.handler(queue)
+        async def build(job: Job) -> dict[str, int]:
+            await job.progress(0.5, "page 1")
+            await shown.wait()  # the line is out before the job goes on
+            return {"pages": 2}
+
+        running = asyncio.create_task(worker.run())
+        try:
+            first = await asyncio.to_thread(lines.next)
+            shown.set()
+            last = await asyncio.to_thread(lines.next)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, WAIT)
+        return first, last
+
+    try:
+        first, last = asyncio.run(work())
+        assert first.split() == ["progress", "50%", "page", "1", "(attempt", "1)"]
+        assert last.strip() == 'completed {"pages": 2}'
+        assert proc.wait(WAIT) == 0
+    finally:
+        stop(proc)
+        lines.join()
+        proc.stdout.close()
+
+
+async def _enqueued(url: str, queue: str, *payloads: Any) -> list[str]:
+    async with Client(url, connect_timeout=WAIT) as client:
+        return [await client.enqueue(queue, p) for p in payloads]
+
+
+def test_watch_of_a_dead_or_unknown_job_exits_1(broker_process: str) -> None:
+    url, queue = broker_process, queue_name()
+    (dead,) = kill(url, queue, [1])
+    done = run("watch", dead, "--url", url)
+    assert done.returncode == 1
+    assert done.stdout.strip() == "dead      boom 1"
+    done = run("watch", "no-such-job", "--url", url, "--json")
+    assert done.returncode == 1
+    (line,) = done.stdout.splitlines()
+    assert json.loads(line)["state"] == "unknown"

@@ -3185,6 +3185,7 @@ class PostgresBackend:
                 told = Finished(job_id, row[1], "completed", result, None)
             else:
                 told = Finished(job_id, row[1], "dead", None, row[4])
+            self._watchers.pop(job_id, None)  # (told its end: watched no more)
             for callback in self._followers.pop(job_id, ()):
                 try:
                     callback(told)
@@ -3352,21 +3353,12 @@ class PostgresBackend:
         return answers
 
     def _tell_step(self, step: Step) -> None:
-        """Tell the watchers of ``step``'s job (those still following it)."""
-        callbacks = self._watchers.get(step.id)
-        if not callbacks:
-            return
-        following = self._followers.get(step.id, ())
-        for callback in list(callbacks):
-            if callback not in following:  # (its end was told: watched no more)
-                callbacks.remove(callback)
-                continue
+        """Tell the watchers of ``step``'s job (until its end is told, or unwatched)."""
+        for callback in list(self._watchers.get(step.id, ())):
             try:
                 callback(step)
             except Exception:  # (a watcher's bug must not stop the others)
                 log.exception("a watcher of %s failed", step.id)
-        if not callbacks:
-            del self._watchers[step.id]
 
     async def _read_steps(self) -> None:
         """Read the jobs whose steps notices told of, and tell their watchers (PRG-8):
@@ -3397,21 +3389,25 @@ class PostgresBackend:
     async def _watch(
         self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]
     ) -> list[Job | Finished]:
-        # The jobs as they stand are read first, then followed: a job that ends between
-        # the two is told by the follow (as finished) or through it (its end to come). A
-        # step made between them is not told, but a later one carries the latest value.
+        # Followed first, then read as they stand: a step committed after the follow is
+        # told (a notice) and one committed before the read is in it, so only a step
+        # whose statement began before the follow committed and ended after the read is
+        # not told (a later one carries the latest value). A job that ends after the
+        # follow is told its end through it; one gone before the read is ``unknown``.
         # Listed before the follow, so that a step told meanwhile finds them.
         for job_id in ids:
             self._watchers.setdefault(job_id, []).append(on_event)
         try:
-            jobs = await self._get_jobs(ids)
             known = await self._follow(ids, on_event)
+            live = [job_id for job_id, finished in zip(ids, known, strict=True) if finished is None]
+            jobs = dict(zip(live, await self._get_jobs(live), strict=True)) if live else {}
         except BaseException:
             self.unwatch(ids, on_event)
             raise
         out: list[Job | Finished] = []
-        for job_id, job, finished in zip(ids, jobs, known, strict=True):
-            if finished is None and job is None:  # (no job there first: not watched)
+        for job_id, finished in zip(ids, known, strict=True):
+            job = jobs.get(job_id)
+            if finished is None and job is None:  # (gone before the read: not watched)
                 self.unwatch([job_id], on_event)
                 finished = unknown(job_id)
             if finished is not None:
@@ -3443,6 +3439,7 @@ class PostgresBackend:
                 )
             else:
                 told = Finished(job_id, queue, "dead", None, error)
+            self._watchers.pop(job_id, None)  # (told its end: watched no more)
             for callback in self._followers.pop(job_id, ()):
                 try:
                     callback(told)
@@ -3479,6 +3476,7 @@ class PostgresBackend:
         for seq, queue, state, result, error in await self._call(work, changes=False):
             job_id = self._id(seq)
             told = Finished(job_id, queue, state, None if result is None else bytes(result), error)
+            self._watchers.pop(job_id, None)  # (told its end: watched no more)
             for callback in self._followers.pop(job_id, ()):
                 try:
                     callback(told)
