@@ -162,22 +162,26 @@ class Watches:
             return
         if isinstance(known, Finished):
             del self._jobs[job_id]
-            self._send(ok_reply(watch.rid, {"watching": False, **finished_result(known)}))
+            if watch.rid is not None:  # (fire-and-forget: no reply when it succeeds)
+                self._send(ok_reply(watch.rid, {"watching": False, **finished_result(known)}))
             return
         job = known
-        self._send(
-            ok_reply(
-                watch.rid,
-                {
-                    "watching": True,
-                    "id": job_id,
-                    "state": job_state(job, self._scheduler.now()),
-                    "attempts": job.attempts,
-                    "max_attempts": job.max_attempts,
-                    "progress": None if job.progress_json is None else raw_json(job.progress_json),
-                },
+        if watch.rid is not None:
+            self._send(
+                ok_reply(
+                    watch.rid,
+                    {
+                        "watching": True,
+                        "id": job_id,
+                        "state": job_state(job, self._scheduler.now()),
+                        "attempts": job.attempts,
+                        "max_attempts": job.max_attempts,
+                        "progress": None
+                        if job.progress_json is None
+                        else raw_json(job.progress_json),
+                    },
+                )
             )
-        )
         watch.started = True
         early, watch.early = watch.early, []
         for event in early:

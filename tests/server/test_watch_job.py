@@ -160,3 +160,21 @@ async def test_a_slow_watcher_gets_only_the_latest_progress_prg_6() -> None:
     assert [p["event"] for p in pushed] == ["progress", "retry"]
     watches.close()
     await backend.close()
+
+
+@BOTH_STORES
+async def test_a_watch_without_rid_is_not_answered_but_pushes_come(client: ClientFactory) -> None:
+    """Fire-and-forget (docs/protocol.md §3): a ``watch_job`` without ``rid`` gets no reply
+    when it succeeds, and its job's pushes still come; one of an ended job is silent."""
+    publisher, worker = await client(), await client()
+    job_id = (await publisher.call("enqueue", queue="q", payload=1))["id"]
+    await publisher.send({"op": "watch_job", "id": job_id})
+    await publisher.send({"op": "watch_job", "id": "no-such-job"})
+    job = await _claim(worker)
+    await worker.call("ack", id=job_id, lease=job["lease"], result="done")
+    push = await publisher.next_push("job_event")
+    assert push["event"] == "end" and push["state"] == "completed" and push["result"] == "done"
+    # The next reply this connection gets is the ping's: no reply came for either watch.
+    await publisher.send({"op": "ping", "rid": "last"})
+    frame = await publisher.recv()
+    assert frame.get("rid") == "last", frame
