@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from conveyor.broker.backend import Finished, Progress, Report, Step, WatchEvent
+from conveyor.broker.backend import BackOff, Finished, Progress, Report, Step, WatchEvent
 from conveyor.broker.egress import Out
 from conveyor.broker.engine import MAX_PROGRESS_BYTES, InvalidArgument, Job, JobState, QueueOpts
 
@@ -169,6 +169,25 @@ async def test_a_watcher_sees_progress_a_retry_and_the_end_in_order_prg_5(rig: R
     ]
     await asyncio.sleep(0.05)
     assert len(watcher.events) == len(events)  # nothing after the end
+
+
+async def test_a_back_off_is_told_as_a_retry_that_spent_no_attempt_prg_5(rig: Rig) -> None:
+    job_id = await rig.put()
+    watcher = Watcher()
+    await rig.backend.watch([job_id], watcher)
+    (c,) = await rig.take()
+    assert await rig.backend.back_off([BackOff(c.id, c.lease, 0.0)]) == [True]
+    await watcher.until(lambda got: any(isinstance(e, Step) for e in got))
+    (again,) = await rig.take()
+    assert again.attempt == 1  # (the attempt was given back)
+    await _progress(rig, again.id, again.lease, b"1")
+    assert await rig.backend.ack([(again.id, again.lease)]) == [True]
+    events = await watcher.until_end()
+    assert _shape(events) == [
+        ("retry", 1, "backed_off", None),
+        ("progress", 1, b"1"),
+        ("end", "completed", None, None),
+    ]
 
 
 async def test_a_watcher_is_told_of_death_and_cancel_prg_5(rig: Rig) -> None:

@@ -67,7 +67,7 @@ def test_a_watched_job_tells_its_lapse_and_back_off_but_not_a_last_lapse_prg_5(
     assert table.take_steps() == [
         Step(job_id, "progress", 1, b"0.2"),
         Step(job_id, "retry", 1, None, "lapsed", None),
-        Step(job_id, "retry", 1, None, "backed_off", None),
+        Step(job_id, "retry", 2, None, "backed_off", None),  # (attempt 2, given back)
     ]
     (end,) = table.take_finished()
     assert (end.id, end.state) == (job_id, "dead")

@@ -452,15 +452,18 @@ UNION ALL SELECT NULL, NULL, pg_notify('conveyor', 'g:' || fw.broker || ':' || f
     WHERE fw.state IS NULL AND EXISTS (SELECT 1 FROM conveyor_follows)
 """
 
-# A retry's followers (PRG-5) told "g:<broker>:<seq>:r", in the report's transaction.
-_RETRIED = """
-SELECT pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':r')
-FROM conveyor_follows fw WHERE fw.seq = ANY(%s::bigint[]) AND fw.state IS NULL
+# The followers of jobs retried (PRG-5) told "g:<broker>:<seq>:r<attempt>" in the
+# report's transaction, of jobs backed off "...:b<attempt>" in the back-off's: the
+# attempt that ended rides the notice, so it is told right whatever the job did since.
+_STEPPED_NOTICE = """
+SELECT pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':' || u.step)
+FROM unnest(%s::bigint[], %s::text[]) AS u(seq, step)
+JOIN conveyor_follows fw ON fw.seq = u.seq AND fw.state IS NULL
 """
 
 # What a broker reads of jobs whose steps it was told of (PRG-8).
 _STEPPED = """
-SELECT seq, state, attempts, progress, last_error FROM conveyor_jobs
+SELECT seq, attempts, progress, last_error FROM conveyor_jobs
 WHERE seq = ANY(%s::bigint[])
 """
 
@@ -726,7 +729,7 @@ WHERE queue = %(q)s AND (tat IS NOT NULL OR opens IS NOT NULL)
 """
 
 _BACKING_OFF = """
-SELECT seq, queue, state, lease, deadline, partition
+SELECT seq, queue, state, lease, deadline, partition, attempts
 FROM conveyor_jobs WHERE seq = ANY(%s::bigint[]) ORDER BY seq FOR UPDATE
 """
 
@@ -1049,7 +1052,7 @@ class PostgresBackend:
         # end comes as any follower's); its steps come here. The jobs whose steps a
         # notice told of, and what kind ("p", "r"), to be read in one call.
         self._watchers: dict[str, list[Callable[[WatchEvent], None]]] = {}
-        self._stepped: dict[int, set[str]] = {}
+        self._stepped: dict[int, list[str]] = {}
         self._reading_steps = False
         # Whether some queue keeps its jobs once acked (RES-3), as last read; None: read
         # it at the next ack (a change of any queue's options, here or told, clears it).
@@ -1442,7 +1445,7 @@ class PostgresBackend:
             broker, _, rest = what.partition(":")
             seq_text, _, step = rest.partition(":")
             if broker == self._follower_id and seq_text.isascii() and seq_text.isdigit():
-                self._stepped.setdefault(int(seq_text), set()).add(step)
+                self._stepped.setdefault(int(seq_text), []).append(step)
                 if not self._reading_steps:
                     self._reading_steps = True
                     self._background(self._read_steps())
@@ -2099,10 +2102,13 @@ class PostgresBackend:
         )
         touched: set[str] = set()
         untils: list[float] = []
+        # The jobs backed off: (seq, the attempt given back) (PRG-5).
+        backed_attempts: list[tuple[int, int]] = []
 
         async def work(now: float) -> list[bool | InvalidArgument]:
             conn = self._conn
             results: list[bool | InvalidArgument] = []
+            backed_attempts.clear()
             async with conn.transaction():
                 rows: dict[int, list[Any]] = {}
                 if seqs:
@@ -2128,6 +2134,7 @@ class PostgresBackend:
                         continue
                     row[2] = "pending"  # (a second back-off of the lease in the batch: False)
                     backed.append(row[0])
+                    backed_attempts.append((row[0], row[6]))
                     key = "" if whole else part if part is not None else row[5]
                     until = now + delay
                     if holds.get((row[1], key), -math.inf) < until:
@@ -2136,6 +2143,13 @@ class PostgresBackend:
                     results.append(True)
                 if backed:
                     await conn.execute(_BACK_OFF_JOBS, (backed,), prepare=False)
+                    await conn.execute(
+                        _STEPPED_NOTICE,
+                        (
+                            [seq for seq, _ in backed_attempts],
+                            [f"b{n}" for _, n in backed_attempts],
+                        ),
+                    )  # (PRG-8)
                 if holds:
                     cur = await conn.execute(
                         _FLOW_LOCK_ORDER, (sorted({queue for queue, _ in holds}),)
@@ -2168,6 +2182,9 @@ class PostgresBackend:
         results = await self._call(work, changes=True, nearest=lambda _: min(untils, default=None))
         if touched:
             self._listeners.work_waiting(frozenset(touched))
+        if self._watchers:
+            for seq, attempt in backed_attempts:
+                self._tell_step(Step(self._id(seq), "retry", attempt, None, "backed_off", None))
         return results
 
     def sweep(self) -> asyncio.Task[SweepResult]:
@@ -3105,7 +3122,10 @@ class PostgresBackend:
                             column.append(value)
                     await conn.execute(_SETTLE_REPORTS, cols, prepare=False)
                 if retried:  # their watchers on other brokers are told (PRG-8)
-                    await conn.execute(_RETRIED, ([seq for seq, _, _ in retried],))
+                    await conn.execute(
+                        _STEPPED_NOTICE,
+                        ([seq for seq, _, _ in retried], [f"r{n}" for _, n, _ in retried]),
+                    )
                 if died:
                     # A death frees a slot too (FLW-2); a retry is told by the trigger.
                     cur = await conn.execute(
@@ -3374,15 +3394,29 @@ class PostgresBackend:
                     cur = await self._conn.execute(_STEPPED, (seqs,))
                     return await cur.fetchall()
 
-                for seq, state, attempts, progress, last_error in await self._call(
-                    work, changes=False
-                ):
+                rows = {row[0]: row for row in await self._call(work, changes=False)}
+                for seq in seqs:
                     job_id = self._id(seq)
-                    kinds = stepped.get(seq, set())
-                    if "r" in kinds and state == "pending":
-                        self._tell_step(Step(job_id, "retry", attempts, None, "failed", last_error))
-                    if "p" in kinds and progress is not None:
-                        self._tell_step(Step(job_id, "progress", attempts, bytes(progress)))
+                    row = rows.get(seq)  # (None: gone since; its retries are still told)
+                    told = stepped[seq]
+                    # In the order told; the progress read is the latest, told where the
+                    # last progress notice was.
+                    last = max((i for i, step in enumerate(told) if step == "p"), default=-1)
+                    for i, step in enumerate(told):
+                        if step[:1] in ("r", "b") and step[1:].isdigit():
+                            failed = step[0] == "r"
+                            self._tell_step(
+                                Step(
+                                    job_id,
+                                    "retry",
+                                    int(step[1:]),
+                                    None,
+                                    "failed" if failed else "backed_off",
+                                    row[3] if failed and row is not None else None,
+                                )
+                            )
+                        elif i == last and row is not None and row[2] is not None:
+                            self._tell_step(Step(job_id, "progress", row[1], bytes(row[2])))
         finally:
             self._reading_steps = False
 

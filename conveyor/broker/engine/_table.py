@@ -909,7 +909,7 @@ class Queue:
         table = self._table
         table._timing_dirty.add(self)
         if table._observed and row.seq in table._observed:
-            table._step(row, "backed_off", None)
+            table._step(row, "backed_off", None, row.attempts + 1)  # (the claim given back)
         return True
 
     def _heartbeat(self, row: _Row, lease: str) -> bool:
@@ -2098,11 +2098,11 @@ class JobTable:
             self._steps = []
         return steps
 
-    def _step(self, row: _Row, reason: str, error: str | None) -> None:
-        """A watched row's attempt ended and it will run again (PRG-5)."""
-        self._steps.append(
-            Step(self._format_id(row.seq), "retry", row.attempts, None, reason, error)
-        )
+    def _step(self, row: _Row, reason: str, error: str | None, attempt: int | None = None) -> None:
+        """A watched row's attempt (``attempt``, else its last) ended and it will run
+        again (PRG-5)."""
+        ended = row.attempts if attempt is None else attempt
+        self._steps.append(Step(self._format_id(row.seq), "retry", ended, None, reason, error))
 
     def _finish(self, row: _Row, state: str, result: bytes | None, error: str | None) -> None:
         self._watched.discard(row.seq)
