@@ -2731,25 +2731,7 @@ class PostgresBackend:
                 for pos, item in enumerate(afters[i]):
                     if isinstance(item, str) and named[i][pos] not in found:
                         raise _unknown(f"jobs[{i}].after[{pos}]", item)
-            # Kahn's algorithm over the edges between members (DEP-4).
-            needs = [0] * count
-            named_by: list[list[int]] = [[] for _ in range(count)]
-            for i, after in enumerate(afters):
-                for item in after:
-                    if isinstance(item, int):
-                        needs[i] += 1
-                        named_by[item].append(i)
-            order = [i for i in range(count) if needs[i] == 0]
-            for i in order:  # (grows as it goes)
-                for j in named_by[i]:
-                    needs[j] -= 1
-                    if needs[j] == 0:
-                        order.append(j)
-            if len(order) < count:
-                stuck = next(i for i in range(count) if needs[i])
-                raise DependencyCycle(
-                    f"jobs[{stuck}].after", "the group's jobs depend on each other in a circle"
-                )
+            order = guard.group_order(afters)  # (each member after those it names)
             # Stored in that order (each after those it names), at one instant.
             fresh: set[int] = set()
             stored = await self._insert(

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any
 
-from ._errors import InvalidArgument, PayloadTooLarge
+from ._errors import DependencyCycle, InvalidArgument, PayloadTooLarge
 from ._types import Limits, QueueOpts, RawJSON
 
 __all__ = [
@@ -202,6 +202,32 @@ def after(value: object, refs: int = 0) -> tuple[str | int, ...]:
             raise InvalidArgument(f"after[{i}]", f"must be {wanted}, got {_describe(item)}")
         seen[item] = None
     return tuple(seen)
+
+
+def group_order(afters: list[tuple[str | int, ...]]) -> list[int]:
+    """The members of a group (each one's checked ``after``) in an order where each comes
+    after the members it names (DEP-4, DEP-6): Kahn's algorithm, O(members + edges).
+    Raises ``DependencyCycle`` naming ``jobs[i].after`` of a member of a circle."""
+    count = len(afters)
+    needs = [0] * count
+    named_by: list[list[int]] = [[] for _ in range(count)]
+    for i, after in enumerate(afters):
+        for item in after:
+            if isinstance(item, int):
+                needs[i] += 1
+                named_by[item].append(i)
+    order = [i for i in range(count) if needs[i] == 0]
+    for i in order:  # (grows as it goes)
+        for j in named_by[i]:
+            needs[j] -= 1
+            if needs[j] == 0:
+                order.append(j)
+    if len(order) < count:
+        stuck = next(i for i in range(count) if needs[i])
+        raise DependencyCycle(
+            f"jobs[{stuck}].after", "the group's jobs depend on each other in a circle"
+        )
+    return order
 
 
 def check_opts(opts: object) -> QueueOpts:

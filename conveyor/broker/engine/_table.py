@@ -1806,25 +1806,7 @@ class JobTable:
             except InvalidArgument as exc:
                 raise exc.within(f"jobs[{i}]") from None
             afters.append(after)
-        # Kahn's algorithm over the edges between members.
-        needs = [0] * count
-        named_by: list[list[int]] = [[] for _ in range(count)]
-        for i, after in enumerate(afters):
-            for item in after:
-                if isinstance(item, int):
-                    needs[i] += 1
-                    named_by[item].append(i)
-        order = [i for i in range(count) if needs[i] == 0]
-        for i in order:  # (grows as it goes)
-            for j in named_by[i]:
-                needs[j] -= 1
-                if needs[j] == 0:
-                    order.append(j)
-        if len(order) < count:
-            stuck = next(i for i in range(count) if needs[i])
-            raise DependencyCycle(
-                f"jobs[{stuck}].after", "the group's jobs depend on each other in a circle"
-            )
+        order = guard.group_order(afters)  # (each member after those it names)
         ids: list[str] = [""] * count
         for i in order:
             queue = self.queue(jobs[i][0])
