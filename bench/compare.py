@@ -33,7 +33,9 @@ and binlogs in a temporary directory). RabbitMQ (127.0.0.1:5672, guest/guest) an
 skips them with a clear message when they do not, and deletes its queue/stream before
 and after every measurement. Every measurement is bounded in time, checks that every job
 was accepted, handled and acked exactly once (unique job ids), and that the broker holds
-nothing afterwards. It prints the median and min-max of the rounds, and Conveyor's figures
+nothing afterwards. A round runs one workload on every system in turn (in the reverse
+order every other round) before the next workload, so the two figures of a ratio are
+taken close together. It prints the median and min-max of the rounds, and Conveyor's figures
 as ratios to each peer's: per round, then the median of those (shared machines are noisy;
 only ratios from one run compare).
 """
@@ -1758,26 +1760,30 @@ def main() -> None:
 
     results: Results = {metric: {} for metric, _, _ in METRICS}
     try:
+        workloads: list[tuple[str, Callable[[System], Any]]] = [
+            ("enqueue", lambda s: measure_enqueue(s, args.jobs, args.timeout)),
+            ("enqueue1", lambda s: measure_serial(s, args.serial_jobs, args.timeout)),
+            ("drain1", lambda s: measure_drain(s, args.jobs, 1, args.timeout)),
+            ("drain4", lambda s: measure_drain(s, args.jobs, 4, args.timeout)),
+            ("latency", lambda s: measure_latency(s, args.rate, args.duration, args.timeout)),
+        ]
         for r in range(1, args.runs + 1):
             say(f"\n-- round {r} of {args.runs} --")
-            for system in systems:
-                say(f"{system.name}")
-                for metric, fn in (
-                    ("enqueue", lambda s=system: measure_enqueue(s, args.jobs, args.timeout)),
-                    (
-                        "enqueue1",
-                        lambda s=system: measure_serial(s, args.serial_jobs, args.timeout),
-                    ),
-                    ("drain1", lambda s=system: measure_drain(s, args.jobs, 1, args.timeout)),
-                    ("drain4", lambda s=system: measure_drain(s, args.jobs, 4, args.timeout)),
-                ):
-                    results[metric].setdefault(system.name, []).append(timed_round(metric, fn))
-                lat = timed_round(
-                    "latency",
-                    lambda s=system: measure_latency(s, args.rate, args.duration, args.timeout),
-                )
-                for i, metric in enumerate(("lat_p50", "lat_p99", "lat_max")):
-                    results[metric].setdefault(system.name, []).append(lat[i] if lat else None)
+            # Workload by workload, the systems one after the other (in the opposite order
+            # every other round): the figures a ratio divides are taken minutes apart at
+            # most, so that a shared machine's load, which drifts, weighs on both alike.
+            order = systems if r % 2 else systems[::-1]
+            for workload, fn in workloads:
+                say(f"{workload}")
+                for system in order:
+                    value = timed_round(system.name, lambda s=system, f=fn: f(s))
+                    if workload != "latency":
+                        results[workload].setdefault(system.name, []).append(value)
+                        continue
+                    for i, metric in enumerate(("lat_p50", "lat_p99", "lat_max")):
+                        results[metric].setdefault(system.name, []).append(
+                            value[i] if value else None
+                        )
         if args.runs:
             print_results(results, names, args.runs)
         cost: dict[str, Any] = {}
