@@ -5,6 +5,11 @@
     .venv/bin/python bench/compare.py --snapshot --sdk-worker   # what docs/benchmarks.md ran
     .venv/bin/python bench/compare.py --quick           # a smoke run (a couple of minutes)
     .venv/bin/python bench/compare.py --systems conveyor-memory,rabbitmq --runs 5
+    .venv/bin/python bench/compare.py --systems nats,nats-memory --sdk-worker --loop asyncio
+
+Every client process (publishers and workers of every system) runs on the loop ``--loop``
+names: uvloop (``auto``, when installed, as ``conveyor worker`` picks it) or asyncio's.
+NATS runs twice: ``nats`` (a file stream) and ``nats-memory`` (a memory stream).
 
 Every system runs the same workloads with the same process layout: the broker in its own
 process, one publisher process, and one process per worker (``multiprocessing``, spawn).
@@ -12,6 +17,7 @@ process, one publisher process, and one process per worker (``multiprocessing``,
 * enqueue: one publisher sends N jobs of ~100 bytes, at most 64 awaiting the system's
   durable acceptance (Conveyor's reply, RabbitMQ's publisher confirm, JetStream's publish
   ack, beanstalkd's ``INSERTED``); jobs/s from the first send to the last acceptance;
+* enqueue1: the same with one awaited call at a time (the inverse of a round trip);
 * drain: N jobs already queued, 1 and then 4 worker processes take and ack each (prefetch
   64 or the nearest setting); jobs/s from "go" to the last ack;
 * latency: a publisher at a steady 1,000 jobs/s for 5 s, 2 workers; from the enqueue call
@@ -27,7 +33,9 @@ and binlogs in a temporary directory). RabbitMQ (127.0.0.1:5672, guest/guest) an
 skips them with a clear message when they do not, and deletes its queue/stream before
 and after every measurement. Every measurement is bounded in time, checks that every job
 was accepted, handled and acked exactly once (unique job ids), and that the broker holds
-nothing afterwards. It prints the median and min-max of the rounds, and Conveyor's figures
+nothing afterwards. A round runs one workload on every system in turn (in the reverse
+order every other round) before the next workload, so the two figures of a ratio are
+taken close together. It prints the median and min-max of the rounds, and Conveyor's figures
 as ratios to each peer's: per round, then the median of those (shared machines are noisy;
 only ratios from one run compare).
 """
@@ -54,16 +62,16 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT: list[str] = []  # with --snapshot: the commit Conveyor runs from (git archive)
-SDK_LOOP = ["auto"]  # --sdk-loop: the SDK worker's event loop, as `conveyor worker --loop`
+LOOP = ["auto"]  # --loop: every client's event loop (publishers and workers, every system)
 HOST = "127.0.0.1"
 IN_FLIGHT = 64  # enqueue window: at most 64 jobs in flight per publisher
 PREFETCH = 64  # per worker
@@ -79,6 +87,7 @@ NATS_CONSUMER = "bench-workers"
 TUBE = "conveyor-bench"
 FILLER = "x" * 28  # makes the encoded job 100 bytes or so (see job_body)
 CTX = mp.get_context("spawn")
+T = TypeVar("T")
 
 
 def conveyor_build() -> str:
@@ -120,9 +129,9 @@ def take_snapshot() -> Path:
     return tmp
 
 
-def sdk_loop_name(choice: str) -> str:
-    """The loop ``--sdk-loop choice`` runs the SDK's worker on, by name (the choice made
-    as ``conveyor worker --loop`` makes it; ImportError for uvloop when it is missing)."""
+def loop_name(choice: str) -> str:
+    """The loop ``--loop choice`` runs every client on, by name (the choice made as
+    ``conveyor worker --loop`` makes it; ImportError for uvloop when it is missing)."""
     from conveyor.sdk._loop import loop_factory
 
     return "asyncio's loop" if loop_factory(choice) is None else "uvloop"
@@ -147,7 +156,8 @@ class Target:
     kind: str  # conveyor | rabbitmq | nats | beanstalkd
     address: str  # a ws:// URL, an amqp:// URL, a nats:// URL or host:port
     sdk: bool = False  # Conveyor: the SDK's Client and Worker instead of raw WebSockets
-    sdk_loop: str = "auto"  # the SDK's Worker runs on this loop (--sdk-loop), see worker_main
+    loop: str = "auto"  # every client process runs on this loop (--loop), see run_client
+    storage: str = "file"  # NATS: the stream's storage (file or memory)
 
 
 class Skip(Exception):
@@ -167,6 +177,7 @@ class System:
     store: str = ""  # Conveyor
     sync: str = "full"  # Conveyor sqlite
     binlog: bool = False  # beanstalkd
+    storage: str = "file"  # NATS: the stream's storage
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _tmp: Path | None = field(default=None, repr=False)
     _target: Target | None = field(default=None, repr=False)
@@ -194,17 +205,17 @@ class System:
         if self.kind == "conveyor":
             self._tmp = Path(tempfile.mkdtemp(prefix="conveyor-bench-"))
             self._proc, url = start_conveyor(self.store, self.sync, self._tmp)
-            self._target = Target("conveyor", url, self.sdk, SDK_LOOP[0])
+            self._target = Target("conveyor", url, self.sdk, LOOP[0])
         elif self.kind == "beanstalkd":
             self._tmp = Path(tempfile.mkdtemp(prefix="beanstalkd-bench-"))
             self._proc, address = start_beanstalkd(self._tmp if self.binlog else None)
-            self._target = Target("beanstalkd", address)
+            self._target = Target("beanstalkd", address, loop=LOOP[0])
         elif self.kind == "rabbitmq":
             asyncio.run(rabbit_reset(create=True))
-            self._target = Target("rabbitmq", RABBIT_URL)
+            self._target = Target("rabbitmq", RABBIT_URL, loop=LOOP[0])
         else:
-            asyncio.run(nats_reset(create=True))
-            self._target = Target("nats", NATS_URL)
+            asyncio.run(nats_reset(create=True, storage=self.storage))
+            self._target = Target("nats", NATS_URL, loop=LOOP[0], storage=self.storage)
         return self._target
 
     def prepare_workers(self, workers: int) -> None:
@@ -243,7 +254,7 @@ class System:
             if self.kind == "rabbitmq":
                 asyncio.run(rabbit_reset(create=False))
             elif self.kind == "nats":
-                asyncio.run(nats_reset(create=False))
+                asyncio.run(nats_reset(create=False, storage=self.storage))
             self._target = None
 
 
@@ -256,6 +267,7 @@ def all_systems() -> dict[str, System]:
         System("conveyor-sqlite-sdk", "conveyor", "fsync", sdk=True, store="sqlite"),
         System("rabbitmq", "rabbitmq", "fsync"),
         System("nats", "nats", "no-fsync"),
+        System("nats-memory", "nats", "memory", storage="memory"),
         System("beanstalkd", "beanstalkd", "memory"),
         System("beanstalkd-binlog", "beanstalkd", "fsync", binlog=True),
     ]
@@ -268,6 +280,7 @@ DEFAULT_SYSTEMS = [
     "conveyor-sqlite-normal",
     "rabbitmq",
     "nats",
+    "nats-memory",
     "beanstalkd",
     "beanstalkd-binlog",
 ]
@@ -618,7 +631,7 @@ def publisher_main(
     """A publisher process. mode: "timed" (window in flight), "fill" (the same, untimed,
     Conveyor in batches), "rate" (a steady rate, each send on its own schedule)."""
     try:
-        out = asyncio.run(publish_jobs(target, mode, n, window, rate, results, go, count))
+        out = run_client(target, publish_jobs(target, mode, n, window, rate, results, go, count))
         results.put(("result", 0, out))
     except BaseException:
         results.put(("error", 0, traceback.format_exc()))
@@ -888,6 +901,16 @@ def make_worker(target: Target, name: str) -> Any:
     return RabbitWorker() if target.kind == "rabbitmq" else NatsWorker()
 
 
+def run_client(target: Target, main: Coroutine[Any, Any, T]) -> T:
+    """Run a client process's ``main`` on ``--loop``'s event loop: every client of every
+    system on the same one (uvloop, as ``conveyor worker`` picks it when installed, or
+    asyncio's), so that no system's figures carry a faster loop than another's."""
+    from conveyor.sdk._loop import loop_factory
+
+    with asyncio.Runner(loop_factory=loop_factory(target.loop)) as runner:
+        return runner.run(main)
+
+
 def worker_main(
     target: Target, index: int, latency: bool, results: Any, go: Any, stop: Any, count: Any
 ) -> None:
@@ -897,16 +920,7 @@ def worker_main(
         if target.kind == "beanstalkd":
             beanstalk_work(target, index, tally, results, go, stop)
         else:
-            # The SDK's Worker runs as `conveyor worker` runs it: on uvloop when that is
-            # installed (--sdk-loop auto), or asyncio's loop (--sdk-loop asyncio). The raw
-            # clients and every publisher stay on asyncio's, as a plain client would.
-            factory = None
-            if target.kind == "conveyor" and target.sdk:
-                from conveyor.sdk._loop import loop_factory
-
-                factory = loop_factory(target.sdk_loop)
-            with asyncio.Runner(loop_factory=factory) as runner:
-                runner.run(async_work(target, index, tally, results, go, stop))
+            run_client(target, async_work(target, index, tally, results, go, stop))
         results.put(("result", index, tally.result()))
     except BaseException:
         results.put(("error", index, traceback.format_exc()))
@@ -1092,7 +1106,7 @@ async def nats_check() -> str:
     return f"NATS server {version}, nats-py {importlib.metadata.version('nats-py')}"
 
 
-async def nats_reset(create: bool) -> None:
+async def nats_reset(create: bool, storage: str = "file") -> None:
     from nats.js.api import RetentionPolicy, StorageType, StreamConfig
     from nats.js.errors import NotFoundError
 
@@ -1103,7 +1117,7 @@ async def nats_reset(create: bool) -> None:
             await js.delete_stream(NATS_STREAM)
         if create:
             config = StreamConfig(
-                name=NATS_STREAM, subjects=[NATS_SUBJECT], storage=StorageType.FILE,
+                name=NATS_STREAM, subjects=[NATS_SUBJECT], storage=StorageType(storage),
                 retention=RetentionPolicy.WORK_QUEUE,
             )  # fmt: skip
             await js.add_stream(config)
@@ -1226,13 +1240,15 @@ def fill(system: System, target: Target, n: int, seconds: float) -> None:
         raise Failed(f"filled {n:,} jobs but the broker holds {depth:,}")
 
 
-def measure_enqueue(system: System, n: int, seconds: float) -> float:
+def measure_enqueue(system: System, n: int, seconds: float, window: int = IN_FLIGHT) -> float:
+    """Jobs/s of one publisher keeping ``window`` enqueues in flight (1: one awaited call
+    at a time, so the figure is the inverse of the round trip)."""
     target = system.start()
     try:
         run = Run(seconds)
         go = CTX.Event()
         count = CTX.RawValue("q", 0)
-        proc = spawn(publisher_main, target, "timed", n, IN_FLIGHT, 0.0, run.results, go, count)
+        proc = spawn(publisher_main, target, "timed", n, window, 0.0, run.results, go, count)
         try:
             run.collect("ready", 1)
             go.set()
@@ -1247,6 +1263,11 @@ def measure_enqueue(system: System, n: int, seconds: float) -> float:
         return float(n / (out["end"] - out["start"]))
     finally:
         system.stop()
+
+
+def measure_serial(system: System, n: int, seconds: float) -> float:
+    """Enqueue with one awaited call at a time: the inverse of a round trip."""
+    return measure_enqueue(system, n, seconds, window=1)
 
 
 def run_workers(
@@ -1447,6 +1468,7 @@ def median_ratio(results: Results, metric: str, conv: str, peer: str) -> float |
 
 METRICS = [
     ("enqueue", "enqueue, jobs/s (1 publisher, 64 in flight, durable acceptance)", "jobs/s"),
+    ("enqueue1", "enqueue, jobs/s (1 publisher, one awaited call at a time)", "jobs/s"),
     ("drain1", "drain, jobs/s (1 worker process, prefetch 64)", "jobs/s"),
     ("drain4", "drain, jobs/s (4 worker processes, prefetch 64 each)", "jobs/s"),
     ("lat_p50", "latency p50, ms (1,000 jobs/s, 2 workers)", "ms"),
@@ -1496,6 +1518,13 @@ def print_targets(results: Results, names: list[str], cost: dict[str, Any], pend
             return None, None
         return max(cands) if lower else min(cands)
 
+    def spread(metric: str, conv: str, peer: str) -> str:
+        """The per-round ratios' min-max, when there was more than one round."""
+        per_round = ratios(results[metric].get(conv, []), results[metric].get(peer, []))
+        if len(per_round) < 2:
+            return ""
+        return f" ({_r(min(per_round))}-{_r(max(per_round))} over {len(per_round)} rounds)"
+
     def line(text: str, ok: bool | None, detail: str) -> None:
         if detail.endswith("vs None"):
             return  # that Conveyor system or its peers were not run
@@ -1529,13 +1558,37 @@ def print_targets(results: Results, names: list[str], cost: dict[str, Any], pend
         ok = None if r is None or p99 is None else (r <= 1.0 and p99 < 3.0)
         line(f"latency: {conv} p99 <= the best peer's and < 3 ms", ok,
              f"p99 {fmt(p99, 'ms')} ms, {_r(r)} vs {p}")  # fmt: skip
-    for conv in ("conveyor-memory", "conveyor-sqlite"):
+    for conv in ("conveyor-memory", "conveyor-sqlite", *SDK_SYSTEMS):
         if conv not in cost.get("pending", {}):
             continue
         rss = cost["pending"][conv]
         mb = rss["after"] if isinstance(rss, dict) else None
-        line(f"{pending:,} pending jobs in < 500 MB of RSS: {conv}",
+        how = " (published through the SDK, each with its key)" if conv in SDK_SYSTEMS else ""
+        line(f"{pending:,} pending jobs in < 500 MB of RSS: {conv}{how}",
              None if mb is None else mb < 500, f"{fmt(mb, 'MB')} MB")  # fmt: skip
+    # What users run: the SDK's Client and Worker against JetStream through nats-py, every
+    # client on the same loop; the in-memory store against a memory stream, the durable
+    # default against a file stream.
+    say("  -- the SDK's rows against NATS JetStream --")
+    for conv, peer, drain_min in (
+        ("conveyor-memory-sdk", "nats-memory", 1.5),
+        ("conveyor-sqlite-sdk", "nats", 1.0),
+    ):
+        for metric in ("drain1", "drain4"):
+            r, p = best(metric, conv, [peer])
+            line(f"{metric}: {conv} >= {drain_min:g}x {peer}",
+                 None if r is None else r >= drain_min,
+                 f"{_r(r)}{spread(metric, conv, peer)} vs {p}")  # fmt: skip
+        r, p = best("enqueue1", conv, [peer])
+        line(f"enqueue, one awaited call at a time: {conv} >= {peer}",
+             None if r is None else r >= 1.0,
+             f"{_r(r)}{spread('enqueue1', conv, peer)} vs {p}")  # fmt: skip
+        vals = [v for v in results["lat_p99"].get(conv, []) if v is not None]
+        p99 = statistics.median(vals) if vals else None
+        r, p = best("lat_p99", conv, ["nats-memory"], lower=True)
+        ok = None if r is None or p99 is None else (r <= 1.0 and p99 < 1.0)
+        line(f"latency: {conv} p99 <= nats-memory's and < 1 ms", ok,
+             f"p99 {fmt(p99, 'ms')} ms, {_r(r)} vs {p}")  # fmt: skip
     for conv, idle in cost.get("idle", {}).items():
         if isinstance(idle, dict):
             line(f"{idle['wanted']:,} idle workers held with keepalive: {conv}",
@@ -1632,15 +1685,17 @@ def value_text(value: Any) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=20_000, help="N for enqueue and drain")
+    parser.add_argument("--serial-jobs", type=int, default=20_000,
+                        help="N for the enqueue of one awaited call at a time")  # fmt: skip
     parser.add_argument("--runs", type=int, default=None,
                         help="rounds of every workload (3; --quick: 1; 0: cost only)")  # fmt: skip
     parser.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
                         help=f"comma-separated, of: {', '.join(all_systems())}")  # fmt: skip
     parser.add_argument("--sdk-worker", action="store_true",
                         help="also run Conveyor with the SDK's Client and Worker")  # fmt: skip
-    parser.add_argument("--sdk-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
-                        help="the SDK worker's event loop (auto, as `conveyor worker`: "
-                        "uvloop when installed)")  # fmt: skip
+    parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="every client's event loop, publishers and workers of every "
+                        "system (auto, as `conveyor worker`: uvloop when installed)")  # fmt: skip
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run: 2,000 jobs, 1 round, small cost figures")  # fmt: skip
     parser.add_argument("--rate", type=float, default=1000.0, help="latency: jobs/s")
@@ -1666,6 +1721,7 @@ def main() -> None:
         args.runs = 1 if args.quick else 3
     if args.quick:
         args.jobs, args.duration = min(args.jobs, 2_000), 2.0
+        args.serial_jobs = min(args.serial_jobs, 2_000)
         args.pending, args.idle = min(args.pending, 100_000), min(args.idle, 1_000)
         engine_large, engine_rounds = 100_000, 5
     known = all_systems()
@@ -1677,7 +1733,7 @@ def main() -> None:
         parser.error(f"unknown system(s): {', '.join(unknown)}")
     raise_nofile()
     snapshot = take_snapshot() if args.snapshot else None
-    SDK_LOOP[0] = args.sdk_loop
+    LOOP[0] = args.loop
 
     began = time.monotonic()
     say(f"bench/compare.py  {time.strftime('%Y-%m-%d %H:%M:%S')}")
@@ -1687,7 +1743,8 @@ def main() -> None:
     say(
         f"workload: {args.jobs:,} jobs of {size} bytes, {args.runs} round(s); "
         f"latency {args.rate:,.0f} jobs/s for {args.duration:g} s; "
-        f"the SDK's worker on {sdk_loop_name(args.sdk_loop)}"
+        f"one awaited enqueue at a time: {args.serial_jobs:,} jobs; "
+        f"every client on {loop_name(args.loop)}"
     )
     systems: list[System] = []
     for name in wanted:
@@ -1703,22 +1760,30 @@ def main() -> None:
 
     results: Results = {metric: {} for metric, _, _ in METRICS}
     try:
+        workloads: list[tuple[str, Callable[[System], Any]]] = [
+            ("enqueue", lambda s: measure_enqueue(s, args.jobs, args.timeout)),
+            ("enqueue1", lambda s: measure_serial(s, args.serial_jobs, args.timeout)),
+            ("drain1", lambda s: measure_drain(s, args.jobs, 1, args.timeout)),
+            ("drain4", lambda s: measure_drain(s, args.jobs, 4, args.timeout)),
+            ("latency", lambda s: measure_latency(s, args.rate, args.duration, args.timeout)),
+        ]
         for r in range(1, args.runs + 1):
             say(f"\n-- round {r} of {args.runs} --")
-            for system in systems:
-                say(f"{system.name}")
-                for metric, fn in (
-                    ("enqueue", lambda s=system: measure_enqueue(s, args.jobs, args.timeout)),
-                    ("drain1", lambda s=system: measure_drain(s, args.jobs, 1, args.timeout)),
-                    ("drain4", lambda s=system: measure_drain(s, args.jobs, 4, args.timeout)),
-                ):
-                    results[metric].setdefault(system.name, []).append(timed_round(metric, fn))
-                lat = timed_round(
-                    "latency",
-                    lambda s=system: measure_latency(s, args.rate, args.duration, args.timeout),
-                )
-                for i, metric in enumerate(("lat_p50", "lat_p99", "lat_max")):
-                    results[metric].setdefault(system.name, []).append(lat[i] if lat else None)
+            # Workload by workload, the systems one after the other (in the opposite order
+            # every other round): the figures a ratio divides are taken minutes apart at
+            # most, so that a shared machine's load, which drifts, weighs on both alike.
+            order = systems if r % 2 else systems[::-1]
+            for workload, fn in workloads:
+                say(f"{workload}")
+                for system in order:
+                    value = timed_round(system.name, lambda s=system, f=fn: f(s))
+                    if workload != "latency":
+                        results[workload].setdefault(system.name, []).append(value)
+                        continue
+                    for i, metric in enumerate(("lat_p50", "lat_p99", "lat_max")):
+                        results[metric].setdefault(system.name, []).append(
+                            value[i] if value else None
+                        )
         if args.runs:
             print_results(results, names, args.runs)
         cost: dict[str, Any] = {}
@@ -1741,8 +1806,9 @@ def main() -> None:
 def run_cost(
     systems: list[System], args: Any, parts: set[str], engine_large: int, rounds_: int
 ) -> dict[str, Any]:
-    """The cost figures, once each (not per round). Conveyor with --sync normal and the SDK
-    variants hold the same table as the systems they derive from, so they are left out."""
+    """The cost figures, once each (not per round). Conveyor with --sync normal holds the
+    same table as the default, so it is left out; the SDK's rows publish through the SDK,
+    each job with its idempotency key (what users' jobs carry)."""
     cost: dict[str, Any] = {"pending": {}, "idle": {}}
     long = max(args.timeout, 600.0)
     say("\n== cost (once, not per round) ==")
@@ -1750,7 +1816,8 @@ def run_cost(
         say(f"broker RSS with {args.pending:,} pending jobs of ~100 bytes, MB (for the shared "
             "RabbitMQ and NATS processes, the growth is the figure)")  # fmt: skip
         for system in systems:
-            if system.sdk or system.sync != "full" or (args.no_peer_cost and not system.conveyor):
+            # (The SDK's rows fill through Client.enqueue_many: every job with its key.)
+            if system.sync != "full" or (args.no_peer_cost and not system.conveyor):
                 continue
             value = timed_round(
                 system.name, lambda s=system: measure_pending_rss(s, args.pending, long)

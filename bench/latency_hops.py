@@ -30,7 +30,7 @@ beanstalkd's own clients) notes the same times, for a server that does almost no
 between::
 
     .venv/bin/python bench/latency_hops.py [--systems conveyor-memory-sdk,py-beanstalkd]
-        [--runs 3] [--sdk-loop auto|uvloop|asyncio]
+        [--runs 3] [--loop auto|uvloop|asyncio]
 
 Printed per round: the total's p50 and p99, each hop's p50, p90 and p99 taken on its
 own, and each hop's mean over the slowest 1% of jobs. What it showed is in
@@ -153,7 +153,7 @@ class StampedConveyor(Stamped):
         line = self._proc.stdout.readline().decode()
         if not line.startswith("conveyor listening on "):
             raise compare.Failed(f"conveyor did not start: {line!r}")
-        self._target = compare.Target("conveyor", line.split()[3], self.sdk, compare.SDK_LOOP[0])
+        self._target = compare.Target("conveyor", line.split()[3], self.sdk, compare.LOOP[0])
         return self._target
 
 
@@ -257,10 +257,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default="conveyor-memory-sdk,py-beanstalkd")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--sdk-loop", choices=["auto", "uvloop", "asyncio"], default="auto",
-                        help="the SDK worker's event loop, as in compare.py")  # fmt: skip
+    parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
+                        help="every client's event loop, as in compare.py")  # fmt: skip
     args = parser.parse_args()
-    compare.SDK_LOOP[0] = args.sdk_loop
+    compare.LOOP[0] = args.loop
     known = compare.all_systems()
     systems: list[Stamped] = []
     for name in args.systems.split(","):
@@ -272,8 +272,8 @@ def main() -> None:
             parser.error(f"--systems: {name!r} is neither a Conveyor system nor py-beanstalkd")
     for system in systems:
         system.check()
-    print(f"latency at {RATE:,.0f} jobs/s, {JOBS:,} jobs, 2 workers (the SDK's on "
-          f"{compare.sdk_loop_name(args.sdk_loop)}); hops in ms")  # fmt: skip
+    print(f"latency at {RATE:,.0f} jobs/s, {JOBS:,} jobs, 2 workers (every client on "
+          f"{compare.loop_name(args.loop)}); hops in ms")  # fmt: skip
     try:
         for run in range(1, args.runs + 1):
             for system in systems:

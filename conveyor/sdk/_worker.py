@@ -1,7 +1,8 @@
 """The worker runtime: subscribe, run handlers, heartbeat leases, report outcomes.
 
-A ``Worker`` holds one reconnecting session. Each pushed job runs in its own asyncio
-task; one loop for the whole worker beats the leases of running jobs (a
+A ``Worker`` holds one reconnecting session. Each pushed job runs in an asyncio task
+that runs no other job meanwhile (a runner, which takes the next job once it is idle; see
+``_start``); one loop for the whole worker beats the leases of running jobs (a
 ``heartbeat_batch`` about every third of each job's visibility timeout); a job is
 reported when its handler ends:
 
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -201,8 +203,11 @@ class Worker:
         # job id -> a later attempt of a held job, pushed after our lease lapsed (an outage
         # past the grace): it runs once the held attempt ends.
         self._again: dict[str, Job] = {}
-        # job id -> its task, while the job's handler may still run (cancel targets).
+        # job id -> the task running it, while the job's handler may still run (cancel
+        # targets). Jobs run in runner tasks that outlive them (see _start).
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._runners: set[asyncio.Task[None]] = set()  # every runner task alive
+        self._parked: list[asyncio.Future[Job]] = []  # idle runners, each awaiting its next job
         self._running: set[str] = set()  # ids whose handler is running now
         self._cancelled: set[str] = set()
         self._killing = False  # a second signal: cancel handlers, start no more
@@ -421,12 +426,14 @@ class Worker:
         self._killing = True
         for abandoned in self._abandoned:
             abandoned.cancel()  # (again: not waited for)
-        tasks = [*self._tasks.values(), *self._senders]
+        self._parked.clear()
+        tasks = [*self._runners, *self._senders]
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
+        self._runners.clear()
         self._running.clear()
 
     # -- the session's hooks --------------------------------------------------------------
@@ -483,16 +490,54 @@ class Worker:
                     self._tasks[job_id].cancel()
 
     def _start(self, job: Job) -> None:
-        """Hold ``job`` and run its handler in a task of its own.
+        """Hold ``job`` and run its handler in a task: an idle runner's, else a new one.
 
-        A plain asyncio task, not a task group's: starting one per job is most of what a
-        busy worker does, and a task group with a cancel scope per job cost more than
-        the handlers. ``run()`` cancels and awaits whatever is left when it ends.
+        A runner is a plain asyncio task (not a task group's) that runs one job at a
+        time and, when it ends, waits for the next: a busy worker hands each job to a
+        waiting task instead of making a task per job (making and registering one was
+        most of what starting a job cost). Each handler still runs in a task of its own
+        while it runs: cancel scopes and timeouts inside it, and a cancel of its job,
+        act on that task alone. A runner whose handler left a context variable set
+        ends after that job, so no job sees another's context. ``run()`` cancels and
+        awaits the runners when it ends.
         """
         assert self._loop is not None
         self._held[job.id] = job
         self._idle.clear()
-        self._tasks[job.id] = self._loop.create_task(self._run_job(job), name="conveyor-job")
+        parked = self._parked
+        while parked:
+            slot = parked.pop()
+            if not slot.done():
+                slot.set_result(job)
+                return
+        runner = self._loop.create_task(self._runner(job), name="conveyor-job")
+        self._runners.add(runner)
+        runner.add_done_callback(self._runners.discard)
+
+    async def _runner(self, job: Job) -> None:
+        """Run ``job``, then every job handed to this task while it waits (see _start)."""
+        me = asyncio.current_task()
+        assert me is not None and self._loop is not None
+        loop, tasks, parked = self._loop, self._tasks, self._parked
+        context = contextvars.copy_context()  # this task's, as each job should find it
+        while True:
+            job_id = job.id
+            tasks[job_id] = me
+            try:
+                await self._run_job(job)
+            finally:
+                if tasks.get(job_id) is me:
+                    del tasks[job_id]
+            if self._killing:
+                return
+            if me.cancelling():  # its job was cancelled: the request was for that job only
+                while me.uncancel():
+                    pass
+            if contextvars.copy_context() != context:
+                return  # the handler set a context variable: the next job gets a fresh task
+            slot: asyncio.Future[Job] = loop.create_future()
+            parked.append(slot)
+            job = await slot
 
     def _job(self, data: dict[str, Any]) -> Job:
         session = self._session
@@ -625,30 +670,25 @@ class Worker:
         report: tuple[str, dict[str, Any]] | None = None
         job_id = job.id
         try:
-            try:
-                if job_id not in self._cancelled and not self._killing:
-                    self._running.add(job_id)
-                    try:
-                        report = await self._call_handler(job)
-                    finally:
-                        self._running.discard(job_id)
-            except asyncio.CancelledError:
-                report = None  # cancelled by the broker or by shutdown: nothing is reported
-            if report is not None and job_id not in self._cancelled:
-                self._last_progress(job)
-            if report is None or job_id in self._cancelled:
-                self._finished(job)
-            elif report[0] == "ack":
-                self._queue_ack(job)  # _finished once the batch is answered
-            else:
+            if job_id not in self._cancelled and not self._killing:
+                self._running.add(job_id)
                 try:
-                    await self._report(job, *report)
+                    report = await self._call_handler(job)
                 finally:
-                    self._finished(job)
-        finally:
-            # _finished may have started this job's next attempt under the same id.
-            if self._tasks.get(job_id) is asyncio.current_task(self._loop):
-                del self._tasks[job_id]
+                    self._running.discard(job_id)
+        except asyncio.CancelledError:
+            report = None  # cancelled by the broker or by shutdown: nothing is reported
+        if report is not None and job_id not in self._cancelled:
+            self._last_progress(job)  # (its last value goes before its report: PRG-6)
+        if report is None or job_id in self._cancelled:
+            self._finished(job)
+        elif report[0] == "ack":
+            self._queue_ack(job)  # _finished once the batch is answered
+        else:
+            try:
+                await self._report(job, *report)
+            finally:
+                self._finished(job)
 
     def _finished(self, job: Job) -> None:
         """``job``'s report is answered (or there is none): it is held no more."""

@@ -184,7 +184,7 @@ def worker_env(**extra: str) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("args", "env", "hidden", "expected"),
     [
-        ([], {}, False, "uvloop"),  # auto: uvloop, installed with the dev extra
+        ([], {}, False, "uvloop"),  # auto: uvloop, a dependency (not on Windows)
         (["--loop", "asyncio"], {}, False, "asyncio"),
         ([], {"CONVEYOR_LOOP": "asyncio"}, False, "asyncio"),
         (["--loop", "uvloop"], {"CONVEYOR_LOOP": "asyncio"}, False, "uvloop"),  # flag wins

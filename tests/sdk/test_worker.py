@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from typing import Any
 
+import anyio
 import pytest
 from websockets.protocol import State
 
@@ -367,6 +369,63 @@ async def test_cancel_reaches_the_running_handler(
     assert done == ["next"]
     assert await client.get_job(job_id) is None
     assert not [h for op in ("ack", "retry", "fail") for h in probe.handled(op, job_id)]
+
+
+async def test_a_job_after_a_cancelled_one_finds_its_task_uncancelled(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    """A job that follows a cancelled one on the same worker runs as in a fresh task: no
+    cancel request left pending, and its own timeouts and cancel scopes act as usual."""
+    started = asyncio.Event()
+    seen: list[Any] = []
+    worker = make_worker(broker, "after-cancel", prefetch=1)
+
+    @worker.handler("after-cancel")
+    async def handle(job: Job) -> None:
+        if job.payload == "long":
+            started.set()
+            await asyncio.Event().wait()  # never set: only a cancel ends this
+        task = asyncio.current_task()
+        assert task is not None
+        seen.append(task.cancelling())
+        try:
+            async with asyncio.timeout(0.01):
+                await asyncio.Event().wait()
+        except TimeoutError:
+            seen.append("asyncio timeout")
+        with anyio.move_on_after(0.01) as scope:
+            await asyncio.Event().wait()
+        seen.append(scope.cancelled_caught)
+        seen.append(task.cancelling())
+
+    async with running(worker, probe):
+        job_id = await client.enqueue("after-cancel", "long")
+        await asyncio.wait_for(started.wait(), WAIT)
+        assert await client.cancel(job_id) is True
+        following = await client.enqueue("after-cancel", "next")
+        await probe.report("ack", following)
+    assert seen == [0, "asyncio timeout", True, 0]
+
+
+async def test_a_context_variable_set_by_a_handler_is_not_seen_by_the_next_job(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    """Each job starts from the worker's context, as a task of its own would: what one
+    handler sets in a ``ContextVar`` does not leak into the jobs after it."""
+    var: contextvars.ContextVar[Any] = contextvars.ContextVar("request_id", default=None)
+    seen: list[Any] = []
+    worker = make_worker(broker, "context", prefetch=1)
+
+    @worker.handler("context")
+    async def handle(job: Job) -> None:
+        seen.append(var.get())
+        var.set(job.payload)
+
+    async with running(worker, probe):
+        for payload in ("a", "b", "c"):
+            job_id = await client.enqueue("context", payload)
+            await probe.report("ack", job_id)
+    assert seen == [None, None, None]
 
 
 async def test_stop_finishes_the_running_job_and_takes_no_new_one(
