@@ -145,41 +145,68 @@ class Step(NamedTuple):
 MAX_PROGRESS_BYTES = 64 * 1024
 
 
+class _Rare:
+    """The fields of a row that a pending job never sets (its finish, its errors, its
+    dependencies, its expiry), apart from the row: a ``_Row`` makes one only when one
+    of them is set to other than its default, so a million pending rows do without."""
+
+    __slots__ = (
+        "_age_entry",
+        "_exp_entry",
+        "after",
+        "completed_at",
+        "died_at",
+        "expires_at",
+        "last_error",
+        "met",
+        "progress",
+        "result",
+        "unmet",
+    )
+
+    def __init__(self) -> None:
+        # Its dependencies (DEP-1): their seqs in the order named, the results of those
+        # whose acks landed (by seq; kept until the row goes), and how many it still
+        # waits for while WAITING.
+        self.after: tuple[int, ...] = ()
+        self.met: dict[int, bytes | None] | None = None
+        self.unmet: int = 0
+        self.completed_at: float | None = None
+        self.died_at: float | None = None
+        self.expires_at: float | None = None
+        self.last_error: str | None = None
+        self.progress: bytes | None = None
+        self.result: bytes | None = None
+        # Its entry in the queue's heap of ready times (a ready row off the Fifo).
+        self._age_entry: tuple[Any, ...] | None = None
+        self._exp_entry: tuple[Any, ...] | None = None
+
+
 class _Row:
     """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
 
     __slots__ = (
-        "_age_entry",
         "_entry",
-        "_exp_entry",
         "_heap",
         "_rank",
         "_ranked",
-        "after",
+        "_rare",
         "attempts",
         "backoff_base_s",
         "backoff_max_s",
-        "completed_at",
         "deadline",
-        "died_at",
         "enqueued_at",
-        "expires_at",
         "key",
-        "last_error",
         "lease",
         "max_attempts",
-        "met",
         "partition",
         "payload",
         "priority",
-        "progress",
         "queue",
         "ready_at",
-        "result",
         "seq",
         "state",
         "timeout_s",
-        "unmet",
         "visibility_timeout_s",
         "worker_id",
     )
@@ -213,33 +240,176 @@ class _Row:
         self.backoff_max_s = backoff_max_s
         self.enqueued_at = enqueued_at
         self.ready_at = ready_at
-        self.expires_at = expires_at
         self.worker_id: str | None = None
         self.deadline: float | None = None
         self.lease: str | None = None
-        self.last_error: str | None = None
-        self.died_at: float | None = None
         self.key = key
+        # What a pending job never sets (see _Rare), made when first set.
+        self._rare: _Rare | None = None
+        if expires_at is not None:
+            self.expires_at = expires_at
         self.timeout_s = timeout_s
         self.partition = partition
-        self.result: bytes | None = None
-        self.completed_at: float | None = None
-        self.progress: bytes | None = None
-        # Its dependencies (DEP-1): their seqs in the order named, the results of those
-        # whose acks landed (by seq; kept until the row goes), and how many it still
-        # waits for while WAITING.
-        self.after: tuple[int, ...] = ()
-        self.met: dict[int, bytes | None] | None = None
-        self.unmet = 0
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
-        self._exp_entry: tuple[Any, ...] | None = None
         # Its entry in the queue's listing index of its state, and that index (None for
         # a fresh ready row, which its Fifo line lists): see Queue.list_jobs.
         self._rank: tuple[Any, ...] | None = None
         self._ranked: Ranked | Log | None = None
-        # Its entry in the queue's heap of ready times (a ready row off the Fifo).
-        self._age_entry: tuple[Any, ...] | None = None
+
+    @property
+    def after(self) -> tuple[int, ...]:
+        rare = self._rare
+        return () if rare is None else rare.after
+
+    @after.setter
+    def after(self, value: tuple[int, ...]) -> None:
+        rare = self._rare
+        if rare is None:
+            if not value:
+                return
+            rare = self._rare = _Rare()
+        rare.after = value
+
+    @property
+    def completed_at(self) -> float | None:
+        rare = self._rare
+        return None if rare is None else rare.completed_at
+
+    @completed_at.setter
+    def completed_at(self, value: float | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.completed_at = value
+
+    @property
+    def died_at(self) -> float | None:
+        rare = self._rare
+        return None if rare is None else rare.died_at
+
+    @died_at.setter
+    def died_at(self, value: float | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.died_at = value
+
+    @property
+    def expires_at(self) -> float | None:
+        rare = self._rare
+        return None if rare is None else rare.expires_at
+
+    @expires_at.setter
+    def expires_at(self, value: float | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.expires_at = value
+
+    @property
+    def last_error(self) -> str | None:
+        rare = self._rare
+        return None if rare is None else rare.last_error
+
+    @last_error.setter
+    def last_error(self, value: str | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.last_error = value
+
+    @property
+    def met(self) -> dict[int, bytes | None] | None:
+        rare = self._rare
+        return None if rare is None else rare.met
+
+    @met.setter
+    def met(self, value: dict[int, bytes | None] | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.met = value
+
+    @property
+    def progress(self) -> bytes | None:
+        rare = self._rare
+        return None if rare is None else rare.progress
+
+    @progress.setter
+    def progress(self, value: bytes | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.progress = value
+
+    @property
+    def result(self) -> bytes | None:
+        rare = self._rare
+        return None if rare is None else rare.result
+
+    @result.setter
+    def result(self, value: bytes | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare.result = value
+
+    @property
+    def unmet(self) -> int:
+        rare = self._rare
+        return 0 if rare is None else rare.unmet
+
+    @unmet.setter
+    def unmet(self, value: int) -> None:
+        rare = self._rare
+        if rare is None:
+            if value == 0:
+                return
+            rare = self._rare = _Rare()
+        rare.unmet = value
+
+    @property
+    def _age_entry(self) -> tuple[Any, ...] | None:
+        rare = self._rare
+        return None if rare is None else rare._age_entry
+
+    @_age_entry.setter
+    def _age_entry(self, value: tuple[Any, ...] | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare._age_entry = value
+
+    @property
+    def _exp_entry(self) -> tuple[Any, ...] | None:
+        rare = self._rare
+        return None if rare is None else rare._exp_entry
+
+    @_exp_entry.setter
+    def _exp_entry(self, value: tuple[Any, ...] | None) -> None:
+        rare = self._rare
+        if rare is None:
+            if value is None:
+                return
+            rare = self._rare = _Rare()
+        rare._exp_entry = value
 
 
 class JobHandle:
