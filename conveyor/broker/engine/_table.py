@@ -182,23 +182,70 @@ class _Rare:
         self._exp_entry: tuple[Any, ...] | None = None
 
 
+class _Options:
+    """The options a job keeps from its enqueue and never changes, shared by the rows
+    that have the same (``Queue._options_for``): most jobs of a queue take its defaults,
+    so a million pending rows hold one of these, not a million."""
+
+    __slots__ = (
+        "backoff_base_s",
+        "backoff_max_s",
+        "max_attempts",
+        "timeout_s",
+        "visibility_timeout_s",
+    )
+
+    def __init__(
+        self,
+        max_attempts: int,
+        visibility_timeout_s: float,
+        backoff_base_s: float,
+        backoff_max_s: float,
+        timeout_s: float | None,
+    ) -> None:
+        self.max_attempts = max_attempts
+        self.visibility_timeout_s = visibility_timeout_s
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self.timeout_s = timeout_s
+
+    def same(
+        self,
+        max_attempts: int,
+        visibility_timeout_s: float,
+        backoff_base_s: float,
+        backoff_max_s: float,
+        timeout_s: float | None,
+    ) -> bool:
+        """Whether these are its options, of the same types too (a 30 is not a 30.0 in
+        a snapshot)."""
+        return all(
+            a is b or (type(a) is type(b) and a == b)
+            for a, b in (
+                (self.max_attempts, max_attempts),
+                (self.visibility_timeout_s, visibility_timeout_s),
+                (self.backoff_base_s, backoff_base_s),
+                (self.backoff_max_s, backoff_max_s),
+                (self.timeout_s, timeout_s),
+            )
+        )
+
+
 class _Row:
     """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
 
     __slots__ = (
         "_entry",
         "_heap",
+        "_opts",
         "_rank",
         "_ranked",
         "_rare",
         "attempts",
-        "backoff_base_s",
-        "backoff_max_s",
         "deadline",
         "enqueued_at",
         "key",
         "lease",
-        "max_attempts",
         "partition",
         "payload",
         "priority",
@@ -206,8 +253,6 @@ class _Row:
         "ready_at",
         "seq",
         "state",
-        "timeout_s",
-        "visibility_timeout_s",
         "worker_id",
     )
 
@@ -234,10 +279,6 @@ class _Row:
         self.priority = priority
         self.state: JobState | None = PENDING  # None once the row is deleted
         self.attempts = 0
-        self.max_attempts = max_attempts
-        self.visibility_timeout_s = visibility_timeout_s
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
         self.enqueued_at = enqueued_at
         self.ready_at = ready_at
         self.worker_id: str | None = None
@@ -248,8 +289,10 @@ class _Row:
         self._rare: _Rare | None = None
         if expires_at is not None:
             self.expires_at = expires_at
-        self.timeout_s = timeout_s
         self.partition = partition
+        self._opts = queue._options_for(
+            max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
+        )
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
         # Its entry in the queue's listing index of its state, and that index (None for
@@ -411,6 +454,28 @@ class _Row:
             rare = self._rare = _Rare()
         rare._exp_entry = value
 
+    # The options fixed at its enqueue, in an _Options its queue shares between rows.
+
+    @property
+    def max_attempts(self) -> int:
+        return self._opts.max_attempts
+
+    @property
+    def visibility_timeout_s(self) -> float:
+        return self._opts.visibility_timeout_s
+
+    @property
+    def backoff_base_s(self) -> float:
+        return self._opts.backoff_base_s
+
+    @property
+    def backoff_max_s(self) -> float:
+        return self._opts.backoff_max_s
+
+    @property
+    def timeout_s(self) -> float | None:
+        return self._opts.timeout_s
+
 
 class JobHandle:
     """A claim of one job: its id, its lease, and what the claim made of it.
@@ -461,9 +526,10 @@ class JobHandle:
         self.queue: str = queue.name
         self.payload_json: bytes = row.payload
         self.priority: int = row.priority
-        self.max_attempts: int = row.max_attempts
-        self.visibility_timeout_s: float = row.visibility_timeout_s
-        self.timeout_s: float | None = row.timeout_s
+        opts = row._opts
+        self.max_attempts: int = opts.max_attempts
+        self.visibility_timeout_s: float = opts.visibility_timeout_s
+        self.timeout_s: float | None = opts.timeout_s
         self.partition: str | None = row.partition
         #: How many jobs it depended on (DEP-2: their results are ``dependency_results``).
         self.dependencies: int = len(row.after)
@@ -536,6 +602,7 @@ class Queue:
         "_flow",
         "_fresh",
         "_keys",
+        "_last_options",
         "_leases",
         "_n_processing",
         "_n_ready",
@@ -587,9 +654,40 @@ class Queue:
         # Its entry in the table's heap of next events, and a tie-break for that heap.
         self._event_entry: tuple[Any, ...] | None = None
         self._order = len(table._queues)
+        # The options its last row took (see _Options).
+        self._last_options: _Options | None = None
 
     def __repr__(self) -> str:
         return f"<Queue {self.name!r}>"
+
+    def _options_for(
+        self,
+        max_attempts: int,
+        visibility_timeout_s: float,
+        backoff_base_s: float,
+        backoff_max_s: float,
+        timeout_s: float | None,
+    ) -> _Options:
+        """A row's fixed options: those of the row before it when they are the same
+        (the common case, every option its queue's default), else new ones."""
+        last = self._last_options
+        if last is not None and (
+            (
+                last.max_attempts is max_attempts
+                and last.visibility_timeout_s is visibility_timeout_s
+                and last.backoff_base_s is backoff_base_s
+                and last.backoff_max_s is backoff_max_s
+                and last.timeout_s is timeout_s
+            )
+            or last.same(
+                max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
+            )
+        ):
+            return last
+        made = self._last_options = _Options(
+            max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
+        )
+        return made
 
     # -- options and operator switches ------------------------------------------------
 
