@@ -5,7 +5,8 @@
 For each operation it keeps the queue near the given depth, times rounds of 500 calls,
 and prints the median cost per call at each depth and their ratio (``docs/contract.md``,
 CST-3, asks for about 2x at most). Then the memory the engine holds per pending job (tracemalloc),
-with a 100-byte payload as the broker stores it (raw JSON bytes). Timings on a shared
+with a 100-byte payload as the broker stores it (raw JSON bytes), without a key and with a key
+shaped like the one the SDK gives every job. Timings on a shared
 machine are noisy: compare the ratio printed in one run, not absolute times across runs.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gc
 import random
+import secrets
 import statistics
 import time
 import tracemalloc
@@ -128,11 +130,19 @@ def measure(depth: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(costs) for name, costs in results.items()}
 
 
-def memory_per_job(n: int) -> float:
+def memory_per_job(n: int, keyed: bool = False) -> float:
+    """Bytes the engine holds per pending job; ``keyed``: each with a key shaped like the
+    SDK's automatic one (``auto-``, 22 random base64url characters, ``-``, a counter)."""
     gc.collect()
+    prefix = f"auto-{secrets.token_urlsafe(16)}-"
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    _, queue, _ = fill(n)
+    if keyed:
+        _, queue, _ = fill(0)
+        for i in range(n):
+            queue.enqueue(PAYLOAD, key=f"{prefix}{0x10000 + i:x}")
+    else:
+        _, queue, _ = fill(n)
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     assert queue.stats().ready == n
@@ -153,6 +163,8 @@ def main() -> None:
         print(f"{name:<14}{small[name]:>11.0f} ns{large[name]:>15.0f} ns{ratio:>7.2f}x")
     per_job = memory_per_job(100_000)
     print(f"memory per pending job (100-byte payload, 100,000 jobs): {per_job:.0f} bytes")
+    keyed = memory_per_job(200_000, keyed=True)
+    print(f"memory per keyed pending job (as the SDK's, 200,000 jobs): {keyed:.0f} bytes")
 
 
 if __name__ == "__main__":
