@@ -103,6 +103,32 @@ def test_call_options_override_queue_options(table: JobTable) -> None:
     assert job.expires_at == START + 30
 
 
+def test_each_job_keeps_its_own_options_among_neighbours_that_differ(table: JobTable) -> None:
+    # Contract: ENQ-2. Jobs enqueued one after another with and without overrides each
+    # show and claim with their own.
+    q = table.queue("mixed", QueueOpts(visibility_timeout_s=10, max_attempts=4))
+    plain = q.enqueue(1)
+    custom = q.enqueue(2, visibility_timeout_s=20, max_attempts=2, timeout_s=5)
+    plain_again = q.enqueue(3)
+    other = q.enqueue(4, visibility_timeout_s=20, max_attempts=2, timeout_s=6)
+    same_again = q.enqueue(5, visibility_timeout_s=20, max_attempts=2, timeout_s=6)
+
+    def shown(job_id: str) -> tuple[Any, ...]:
+        job = q.get_job(job_id)
+        assert job is not None
+        return (job.visibility_timeout_s, job.max_attempts, job.timeout_s)
+
+    assert shown(plain) == shown(plain_again) == (10, 4, None)
+    assert shown(custom) == (20, 2, 5)
+    assert shown(other) == shown(same_again) == (20, 2, 6)
+    handles = {h.id: h for h in q.claim_batch("w", 5)}
+    assert handles[plain].visibility_timeout_s == 10
+    assert handles[custom].max_attempts == 2 and handles[custom].timeout_s == 5
+    assert handles[plain_again].deadline == START + 10
+    assert handles[custom].deadline == START + 20
+    assert handles[other].timeout_s == 6 and handles[same_again].timeout_s == 6
+
+
 def test_queue_opts_defaults_are_the_plain_defaults() -> None:
     # Contract: ENQ-1.
     o = QueueOpts()
