@@ -520,7 +520,12 @@ class JobHandle:
         self.attempt: int = row.attempts
         self.deadline = deadline
         # What a later retry, fail or redrive may change and the snapshot must not see.
-        self._was = (row.worker_id, row.ready_at, row.last_error, row.died_at)
+        rare = row._rare  # (its fields read off it: most rows have none)
+        self._was: tuple[str | None, float, str | None, float | None]
+        if rare is None:
+            self._was = (row.worker_id, row.ready_at, None, None)
+        else:
+            self._was = (row.worker_id, row.ready_at, rare.last_error, rare.died_at)
         # Plain attributes, not properties reading the row: every push reads each of
         # them once, and a property call costs several attribute reads.
         self.queue: str = queue.name
@@ -532,7 +537,7 @@ class JobHandle:
         self.timeout_s: float | None = opts.timeout_s
         self.partition: str | None = row.partition
         #: How many jobs it depended on (DEP-2: their results are ``dependency_results``).
-        self.dependencies: int = len(row.after)
+        self.dependencies: int = 0 if rare is None else len(rare.after)
         #: When the job became claimable for this claim (its ready time, or its enqueue).
         ready_at, enqueued_at = row.ready_at, row.enqueued_at
         self.ready_since: float = ready_at if ready_at > enqueued_at else enqueued_at
@@ -1038,7 +1043,7 @@ class Queue:
             row._heap = None
             if row._ranked is not None:  # (a fresh row has no listing entry of its own)
                 row._ranked.remove(row)
-            if row._age_entry is not None:
+            if row._rare is not None and row._rare._age_entry is not None:
                 self._ages.forget(row)
             if row.state is PENDING:
                 self._n_ready -= 1
@@ -1670,7 +1675,8 @@ class Queue:
             row._heap = None
         if row._ranked is not None:
             row._ranked.remove(row)
-        if row._age_entry is not None:
+        rare = row._rare  # (its fields read off it: most rows have none)
+        if rare is not None and rare._age_entry is not None:
             self._ages.forget(row)
         state = row.state
         if state is PENDING:
@@ -1729,13 +1735,14 @@ class Queue:
             table._finish(row, "cancelled", None, None)
         table._touch(row)
         self._unlink(row, now)
-        if row._exp_entry is not None:
+        rare = row._rare  # (its fields read off it: most rows have none)
+        if rare is not None and rare._exp_entry is not None:
             self._expiry.forget(row)
         if table._dependents and row.seq in table._dependents:
             if row.state is not None and row.state is not DEAD:  # a live row cancelled
                 table._doom(row, f"dependency {table._format_id(row.seq)} was cancelled", now)
             del table._dependents[row.seq]
-        if row.after:
+        if rare is not None and rare.after:
             table._unhook(row)
             if table._journal is not None:
                 table._journal_gone.append(row.seq)
