@@ -50,7 +50,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from heapq import merge
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 
 from . import _guards as guard
 from ._errors import DependencyCycle, InvalidArgument
@@ -231,6 +231,41 @@ class _Options:
         )
 
 
+V = TypeVar("V")
+
+
+class _OnRare(Generic[V]):
+    """A field of ``_Row`` kept on its side object (``_Rare``): read as ``default`` while
+    the row has none, and set to ``default`` on a row with none it makes none."""
+
+    __slots__ = ("_default", "_name")
+
+    def __init__(self, default: V) -> None:
+        self._default = default
+        self._name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, row: None, owner: type) -> _OnRare[V]: ...
+    @overload
+    def __get__(self, row: _Row, owner: type) -> V: ...
+    def __get__(self, row: _Row | None, owner: type) -> V | _OnRare[V]:
+        if row is None:
+            return self
+        rare = row._rare
+        return self._default if rare is None else getattr(rare, self._name)
+
+    def __set__(self, row: _Row, value: V) -> None:
+        rare = row._rare
+        if rare is None:
+            if value == self._default:
+                return
+            rare = row._rare = _Rare()
+        setattr(rare, self._name, value)
+
+
 class _Row:
     """One stored job. Mutable, private; the outside world sees ``Job`` snapshots."""
 
@@ -300,159 +335,18 @@ class _Row:
         self._rank: tuple[Any, ...] | None = None
         self._ranked: Ranked | Log | None = None
 
-    @property
-    def after(self) -> tuple[int, ...]:
-        rare = self._rare
-        return () if rare is None else rare.after
-
-    @after.setter
-    def after(self, value: tuple[int, ...]) -> None:
-        rare = self._rare
-        if rare is None:
-            if not value:
-                return
-            rare = self._rare = _Rare()
-        rare.after = value
-
-    @property
-    def completed_at(self) -> float | None:
-        rare = self._rare
-        return None if rare is None else rare.completed_at
-
-    @completed_at.setter
-    def completed_at(self, value: float | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.completed_at = value
-
-    @property
-    def died_at(self) -> float | None:
-        rare = self._rare
-        return None if rare is None else rare.died_at
-
-    @died_at.setter
-    def died_at(self, value: float | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.died_at = value
-
-    @property
-    def expires_at(self) -> float | None:
-        rare = self._rare
-        return None if rare is None else rare.expires_at
-
-    @expires_at.setter
-    def expires_at(self, value: float | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.expires_at = value
-
-    @property
-    def last_error(self) -> str | None:
-        rare = self._rare
-        return None if rare is None else rare.last_error
-
-    @last_error.setter
-    def last_error(self, value: str | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.last_error = value
-
-    @property
-    def met(self) -> dict[int, bytes | None] | None:
-        rare = self._rare
-        return None if rare is None else rare.met
-
-    @met.setter
-    def met(self, value: dict[int, bytes | None] | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.met = value
-
-    @property
-    def progress(self) -> bytes | None:
-        rare = self._rare
-        return None if rare is None else rare.progress
-
-    @progress.setter
-    def progress(self, value: bytes | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.progress = value
-
-    @property
-    def result(self) -> bytes | None:
-        rare = self._rare
-        return None if rare is None else rare.result
-
-    @result.setter
-    def result(self, value: bytes | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare.result = value
-
-    @property
-    def unmet(self) -> int:
-        rare = self._rare
-        return 0 if rare is None else rare.unmet
-
-    @unmet.setter
-    def unmet(self, value: int) -> None:
-        rare = self._rare
-        if rare is None:
-            if value == 0:
-                return
-            rare = self._rare = _Rare()
-        rare.unmet = value
-
-    @property
-    def _age_entry(self) -> tuple[Any, ...] | None:
-        rare = self._rare
-        return None if rare is None else rare._age_entry
-
-    @_age_entry.setter
-    def _age_entry(self, value: tuple[Any, ...] | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare._age_entry = value
-
-    @property
-    def _exp_entry(self) -> tuple[Any, ...] | None:
-        rare = self._rare
-        return None if rare is None else rare._exp_entry
-
-    @_exp_entry.setter
-    def _exp_entry(self, value: tuple[Any, ...] | None) -> None:
-        rare = self._rare
-        if rare is None:
-            if value is None:
-                return
-            rare = self._rare = _Rare()
-        rare._exp_entry = value
+    # What a pending job never sets, on its side object (_Rare) once first set.
+    after: _OnRare[tuple[int, ...]] = _OnRare(())
+    completed_at: _OnRare[float | None] = _OnRare(None)
+    died_at: _OnRare[float | None] = _OnRare(None)
+    expires_at: _OnRare[float | None] = _OnRare(None)
+    last_error: _OnRare[str | None] = _OnRare(None)
+    met: _OnRare[dict[int, bytes | None] | None] = _OnRare(None)
+    progress: _OnRare[bytes | None] = _OnRare(None)
+    result: _OnRare[bytes | None] = _OnRare(None)
+    unmet: _OnRare[int] = _OnRare(0)
+    _age_entry: _OnRare[tuple[Any, ...] | None] = _OnRare(None)
+    _exp_entry: _OnRare[tuple[Any, ...] | None] = _OnRare(None)
 
     # The options fixed at its enqueue, in an _Options its queue shares between rows.
 
