@@ -27,47 +27,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 
 import orjson
+from broker_cpu import cpu_seconds, start_broker  # (run from bench/: the same broker and clock)
 from websockets.asyncio.client import connect
 
 from conveyor.sdk import Client, Job, Worker
 
 RUNS = {"none": None, "sdk": 0.1, "in-flight": 1e-6}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def start_broker(store: str) -> tuple[subprocess.Popen[bytes], str]:
-    """A broker process on a free port, listening; its process and URL."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    folder = tempfile.mkdtemp(prefix="conveyor-progress-")
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--store", store, "--db", os.path.join(folder, "bench.db")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port)).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return broker, f"ws://127.0.0.1:{port}/ws"
 
 
 async def one_run(
