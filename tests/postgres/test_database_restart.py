@@ -3,7 +3,12 @@ lost. The server is the test's own (``_server.PrivateServer``), crashed with an
 immediate stop and started again while a publisher and a worker keep going through the
 SDK: a request the database could not take is answered ``unavailable`` (never a false
 success), the publisher tries such an enqueue again (with its key, so it is stored
-once), and every enqueue that was answered is handled.
+once while the job exists), and every enqueue that was answered is handled.
+
+An enqueue answered ``unavailable`` is in doubt, not refused: its commit may have landed
+just before the crash. If that job is then handled and acked before the publisher's
+retry arrives, its key is free again (ENQ-10) and the retry stores a second job. So the
+completed count is at least one per key and at most one more per enqueue in doubt.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ async def _run(server: PrivateServer, urls: list[str]) -> None:
     halfway = asyncio.Event()
     everything = asyncio.Event()
     published = asyncio.Event()
+    in_doubt = 0
     worker = Worker(urls, prefetch=8)
 
     @worker.handler("work")
@@ -49,12 +55,14 @@ async def _run(server: PrivateServer, urls: list[str]) -> None:
             everything.set()
 
     async def publish(client: Client, n: int) -> None:
+        nonlocal in_doubt
         while True:
             try:
                 job_id = await client.enqueue(
                     "work", {"n": n}, key=f"job-{n}", visibility_timeout_s=LEASE_S
                 )
             except Unavailable:  # the database is down: nothing was confirmed; again
+                in_doubt += 1
                 await asyncio.sleep(0.05)
                 continue
             answered.add(job_id)
@@ -86,4 +94,4 @@ async def _run(server: PrivateServer, urls: list[str]) -> None:
     assert len(answered) == JOBS  # one id per key, each stored once
     assert answered <= handled
     assert stats["ready"] == stats["processing"] == 0
-    assert stats["totals"]["completed"] == JOBS
+    assert JOBS <= stats["totals"]["completed"] <= JOBS + in_doubt
