@@ -200,8 +200,8 @@ IN_FIFO = _IN_FIFO
 class Ranked:
     """A sorted index of ``(key..., seq, row)`` entries, for listing a state page by page:
     O(log n) to add or remove an entry, O(log n + k) to read k entries from any key on
-    (keyset pagination). The row keeps its live entry in ``row._rank`` and this index in
-    ``row._ranked``, so a removal needs no search by the caller. A B-tree-like list of
+    (keyset pagination). The row keeps its live entry in ``row._rank`` (the caller knows
+    which index a row is in, by its state), so a removal needs no search. A B-tree-like list of
     lists (``sortedcontainers.SortedList``) under a typed face."""
 
     __slots__ = ("_items",)
@@ -209,23 +209,19 @@ class Ranked:
     def __init__(self, entries: Iterable[tuple[Any, ...]] = ()) -> None:
         self._items = SortedList(entries)
         for entry in self._items:
-            row = entry[-1]
-            row._rank = entry
-            row._ranked = self
+            entry[-1]._rank = entry
 
     def __len__(self) -> int:
         return len(self._items)
 
     def add(self, entry: tuple[Any, ...]) -> None:
         self._items.add(entry)
-        row = entry[-1]
-        row._rank = entry
-        row._ranked = self
+        entry[-1]._rank = entry
 
     def remove(self, row: Any) -> None:
         """Take ``row``'s entry out (the row must be in this index)."""
         self._items.remove(row._rank)
-        row._rank = row._ranked = None
+        row._rank = None
 
     def from_key(self, low: tuple[Any, ...] | None) -> Iterator[tuple[Any, ...]]:
         """The entries not below ``low`` (all when ``None``), smallest first."""
@@ -248,7 +244,7 @@ class Log:
     """Entries ``(number, row)`` appended in increasing ``number`` (claims in the order
     they were made): an O(1) append, an O(1) lazy removal, O(log n) to find a number.
 
-    As in ``Heap``, ``row._rank`` is the live entry (and ``row._ranked`` this log); a
+    As in ``Heap``, ``row._rank`` is the live entry; a
     removed entry stays behind, stale, until stale entries outnumber live ones and the
     log is rebuilt (O(1) amortised per removal). Reading skips stale entries.
     """
@@ -265,9 +261,7 @@ class Log:
     def add(self, entry: tuple[int, Any]) -> None:
         """Append ``entry``, whose number must exceed every number in the log."""
         self._entries.append(entry)
-        row = entry[-1]
-        row._rank = entry
-        row._ranked = self
+        entry[-1]._rank = entry
 
     def extend(self, entries: Iterable[tuple[int, Any]]) -> None:
         """Add entries in any order (a restore), sorting the log once."""
@@ -276,7 +270,7 @@ class Log:
         self._entries.sort(key=_number)
 
     def remove(self, row: Any) -> None:
-        row._rank = row._ranked = None
+        row._rank = None
         self.stale += 1
         entries = self._entries
         if self.stale > _MIN_STALE_TO_COMPACT and self.stale * 2 > len(entries):

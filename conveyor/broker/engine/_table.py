@@ -57,6 +57,7 @@ from ._errors import DependencyCycle, InvalidArgument
 from ._flow import NEVER as _NEVER
 from ._flow import Flow, Part
 from ._heap import IN_FIFO, Fifo, Heap, Line, Log, Ranked
+from ._rows import Rows
 from ._schedule import ScheduleInfo, ScheduleSpec
 from ._schedules import Schedules
 from ._types import (
@@ -159,6 +160,7 @@ class _Rare:
         "expires_at",
         "last_error",
         "met",
+        "partition",
         "progress",
         "result",
         "unmet",
@@ -177,13 +179,28 @@ class _Rare:
         self.last_error: str | None = None
         self.progress: bytes | None = None
         self.result: bytes | None = None
+        # Its partition key (FLW-3): only jobs of partitioned queues have one.
+        self.partition: str | None = None
         # Its entry in the queue's heap of ready times (a ready row off the Fifo).
         self._age_entry: tuple[Any, ...] | None = None
         self._exp_entry: tuple[Any, ...] | None = None
 
 
+class _Held:
+    """A processing row's claim: its lease, the worker holding it and the lease's
+    deadline (which heartbeats move). A claim makes one and the row drops it when it
+    stops being processing, so a pending row holds one slot for the three, not three."""
+
+    __slots__ = ("deadline", "lease", "worker_id")
+
+    def __init__(self, lease: str | None, worker_id: str | None, deadline: float | None) -> None:
+        self.lease = lease
+        self.worker_id = worker_id
+        self.deadline = deadline
+
+
 class _Options:
-    """The options a job keeps from its enqueue and never changes, shared by the rows
+    """The queue and options a job keeps from its enqueue and never changes, shared by the rows
     that have the same (``Queue._options_for``): most jobs of a queue take its defaults,
     so a million pending rows hold one of these, not a million."""
 
@@ -191,18 +208,21 @@ class _Options:
         "backoff_base_s",
         "backoff_max_s",
         "max_attempts",
+        "queue",
         "timeout_s",
         "visibility_timeout_s",
     )
 
     def __init__(
         self,
+        queue: Queue,
         max_attempts: int,
         visibility_timeout_s: float,
         backoff_base_s: float,
         backoff_max_s: float,
         timeout_s: float | None,
     ) -> None:
+        self.queue = queue
         self.max_attempts = max_attempts
         self.visibility_timeout_s = visibility_timeout_s
         self.backoff_base_s = backoff_base_s
@@ -272,23 +292,18 @@ class _Row:
     __slots__ = (
         "_entry",
         "_heap",
+        "_held",
         "_opts",
         "_rank",
-        "_ranked",
         "_rare",
         "attempts",
-        "deadline",
         "enqueued_at",
         "key",
-        "lease",
-        "partition",
         "payload",
         "priority",
-        "queue",
         "ready_at",
         "seq",
         "state",
-        "worker_id",
     )
 
     def __init__(
@@ -309,31 +324,28 @@ class _Row:
         partition: str | None = None,
     ) -> None:
         self.seq = seq
-        self.queue = queue
         self.payload = payload
         self.priority = priority
         self.state: JobState | None = PENDING  # None once the row is deleted
         self.attempts = 0
         self.enqueued_at = enqueued_at
         self.ready_at = ready_at
-        self.worker_id: str | None = None
-        self.deadline: float | None = None
-        self.lease: str | None = None
+        self._held: _Held | None = None  # its claim, while processing
         self.key = key
         # What a pending job never sets (see _Rare), made when first set.
         self._rare: _Rare | None = None
         if expires_at is not None:
             self.expires_at = expires_at
-        self.partition = partition
+        if partition is not None:
+            self.partition = partition
         self._opts = queue._options_for(
             max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
         )
         self._entry: tuple[Any, ...] | None = None
         self._heap: Heap | Fifo | None = None  # (a Line is a Heap)
-        # Its entry in the queue's listing index of its state, and that index (None for
-        # a fresh ready row, which its Fifo line lists): see Queue.list_jobs.
+        # Its entry in the queue's listing index of its state (None for a fresh ready
+        # row, which its Fifo line lists): see Queue.list_jobs and Queue._listing.
         self._rank: tuple[Any, ...] | None = None
-        self._ranked: Ranked | Log | None = None
 
     # What a pending job never sets, on its side object (_Rare) once first set.
     after: _OnRare[tuple[int, ...]] = _OnRare(())
@@ -342,13 +354,36 @@ class _Row:
     expires_at: _OnRare[float | None] = _OnRare(None)
     last_error: _OnRare[str | None] = _OnRare(None)
     met: _OnRare[dict[int, bytes | None] | None] = _OnRare(None)
+    partition: _OnRare[str | None] = _OnRare(None)
     progress: _OnRare[bytes | None] = _OnRare(None)
     result: _OnRare[bytes | None] = _OnRare(None)
     unmet: _OnRare[int] = _OnRare(0)
     _age_entry: _OnRare[tuple[Any, ...] | None] = _OnRare(None)
     _exp_entry: _OnRare[tuple[Any, ...] | None] = _OnRare(None)
 
-    # The options fixed at its enqueue, in an _Options its queue shares between rows.
+    # Its queue and the options fixed at its enqueue, in an _Options its queue shares
+    # between rows.
+
+    @property
+    def queue(self) -> Queue:
+        return self._opts.queue
+
+    # Its claim's fields, on its _Held while it is processing.
+
+    @property
+    def lease(self) -> str | None:
+        held = self._held
+        return None if held is None else held.lease
+
+    @property
+    def worker_id(self) -> str | None:
+        held = self._held
+        return None if held is None else held.worker_id
+
+    @property
+    def deadline(self) -> float | None:
+        held = self._held
+        return None if held is None else held.deadline
 
     @property
     def max_attempts(self) -> int:
@@ -429,7 +464,7 @@ class JobHandle:
         self.max_attempts: int = opts.max_attempts
         self.visibility_timeout_s: float = opts.visibility_timeout_s
         self.timeout_s: float | None = opts.timeout_s
-        self.partition: str | None = row.partition
+        self.partition: str | None = None if rare is None else rare.partition
         #: How many jobs it depended on (DEP-2: their results are ``dependency_results``).
         self.dependencies: int = 0 if rare is None else len(rare.after)
         #: When the job became claimable for this claim (its ready time, or its enqueue).
@@ -584,7 +619,7 @@ class Queue:
         ):
             return last
         made = self._last_options = _Options(
-            max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
+            self, max_attempts, visibility_timeout_s, backoff_base_s, backoff_max_s, timeout_s
         )
         return made
 
@@ -934,9 +969,9 @@ class Queue:
                 if parts:
                     flow.plain_turn = flow.next_turn()
             assert row is not None
+            if row._rank is not None:  # (a fresh row has no listing entry of its own)
+                self._listing(row, row._heap).remove(row)
             row._heap = None
-            if row._ranked is not None:  # (a fresh row has no listing entry of its own)
-                row._ranked.remove(row)
             if row._rare is not None and row._rare._age_entry is not None:
                 self._ages.forget(row)
             if row.state is PENDING:
@@ -966,12 +1001,12 @@ class Queue:
                 flow.refile(part, now)
             row.state = PROCESSING
             row.attempts += 1
-            row.worker_id = worker_id
             # A lease is the prefix, "L" and the count of leases issued, in hex; the id
             # below is _format_id's (inlined here: two calls per claimed job).
             table._leases_issued += 1
-            row.lease = lease = f"{prefix}L{table._leases_issued:x}"
-            row.deadline = deadline = now + row.visibility_timeout_s
+            lease = f"{prefix}L{table._leases_issued:x}"
+            deadline = now + row._opts.visibility_timeout_s
+            row._held = _Held(lease, worker_id, deadline)
             self._claims.add((table._leases_issued, row))
             self._n_processing += 1
             self._push(leases, (deadline, row.seq, row))
@@ -988,11 +1023,13 @@ class Queue:
 
     def _valid(self, row: _Row, lease: str, now: float) -> bool:
         """The validity predicate, HND-1 (the row's existence is the caller's look-up)."""
+        held = row._held
         return (
             row.state is PROCESSING
-            and row.lease == lease
-            and row.deadline is not None
-            and now < row.deadline
+            and held is not None
+            and held.lease == lease
+            and held.deadline is not None
+            and now < held.deadline
         )
 
     def _ack(self, row: _Row, lease: str, now: float, result: bytes | None = None) -> bool:
@@ -1015,7 +1052,7 @@ class Queue:
         row.state = COMPLETED
         row.completed_at = now
         row.result = result
-        row.worker_id = row.lease = row.deadline = None
+        row._held = None
         self._completed[row.seq] = row
         self._by_completion.add((now, row.seq, row))
         return True
@@ -1033,7 +1070,7 @@ class Queue:
         if delay is None:
             delay = self._backoff(row)
         row.state = PENDING
-        row.worker_id = row.lease = row.deadline = None
+        row._held = None
         if text is not None:
             row.last_error = text
         row.ready_at = now + delay
@@ -1071,7 +1108,7 @@ class Queue:
         flow.back_off(None if key is None else flow.part(key), now + delay, now)
         row.state = PENDING
         row.attempts -= 1  # the claim did not count (FLW-6)
-        row.worker_id = row.lease = row.deadline = None
+        row._held = None
         self._place_pending(row, now)  # (its ready time is past: back to its place)
         table = self._table
         table._timing_dirty.add(self)
@@ -1084,7 +1121,9 @@ class Queue:
         if not self._valid(row, lease, now):
             return False
         # The lease heap entry keeps the old, earlier deadline; _advance re-keys it.
-        row.deadline = now + row.visibility_timeout_s
+        held = row._held
+        assert held is not None
+        held.deadline = now + row._opts.visibility_timeout_s
         self._table._touch(row)
         return True
 
@@ -1094,7 +1133,9 @@ class Queue:
             return False
         # An earlier deadline cannot be re-keyed lazily: replace the entry.
         self._leases.forget(row)
-        row.deadline = now
+        held = row._held
+        assert held is not None
+        held.deadline = now
         self._push(self._leases, (now, row.seq, row))
         self._table._touch(row)
         self._advance(now)
@@ -1114,7 +1155,7 @@ class Queue:
 
     def _row(self, job_id: str) -> _Row | None:
         row = self._table._lookup(job_id)
-        return row if row is not None and row.queue is self else None
+        return row if row is not None and row._opts.queue is self else None
 
     def get_job(self, job_id: str) -> Job | None:
         """A snapshot of the job, or ``None`` when it is gone or of another queue (OPS-1,
@@ -1472,7 +1513,7 @@ class Queue:
         """
         self._table._touch(row)
         if row.ready_at <= now:
-            if fresh and row.partition is None:
+            if fresh and (row._rare is None or row._rare.partition is None):
                 self._fresh.append(row)
                 row._heap = self._fresh
             else:
@@ -1487,11 +1528,13 @@ class Queue:
         """File a pending row whose time has come in the ready heap (its key's, when it
         has one) and its indexes."""
         entry = (-row.priority, row.ready_at, row.seq, row)
-        if row.partition is None:
+        rare = row._rare  # (read off it once: most rows have none)
+        partition = None if rare is None else rare.partition
+        if partition is None:
             self._push(self._ready, entry)
         else:
             self._file_keyed(row, entry, now)
-            self._flow.count(self._flow.parts[row.partition], 1)
+            self._flow.count(self._flow.parts[partition], 1)
         self._by_ready.add(entry)
         self._ages.push((row.ready_at, row.seq, row))
 
@@ -1507,8 +1550,9 @@ class Queue:
         failed, backed off, cancelled, expired or lapsed."""
         flow = self._flow
         flow.held -= 1
-        if row.partition is not None:
-            flow.released(flow.parts[row.partition], now)
+        rare = row._rare  # (read off it once: most rows have none)
+        if rare is not None and rare.partition is not None:
+            flow.released(flow.parts[rare.partition], now)
         limits = flow.limits
         if limits.concurrency is not None or limits.partition_concurrency is not None:
             self._table._freed.add(self)
@@ -1518,11 +1562,12 @@ class Queue:
         leases = self._leases
         while (entry := leases.top()) is not None:
             row: _Row = entry[-1]
-            assert row.deadline is not None
-            if entry[0] >= row.deadline:
+            held = row._held
+            assert held is not None and held.deadline is not None
+            if entry[0] >= held.deadline:
                 return entry
             leases.pop()
-            self._push(leases, (row.deadline, row.seq, row))
+            self._push(leases, (held.deadline, row.seq, row))
         return None
 
     def _advance(self, now: float) -> None:
@@ -1561,39 +1606,56 @@ class Queue:
         if flow.waking or flow.until != _NEVER:
             flow.wake(now)
 
+    def _listing(self, row: _Row, heap: Heap | Fifo | None) -> Ranked | Log:
+        """The listing index holding a row's ``_rank`` entry, which its state tells (and
+        for a pending row ``heap``, the claim index it is in: the scheduled heap or not)."""
+        state = row.state
+        if state is PENDING:
+            return self._by_due if heap is self._scheduled else self._by_ready
+        if state is PROCESSING:
+            return self._claims
+        if state is DEAD:
+            return self._by_death
+        if state is COMPLETED:
+            return self._by_completion
+        return self._by_wait
+
     def _unlink(self, row: _Row, now: float) -> None:
         """Take a live, dead or completed row out of its index and counters."""
         heap = row._heap
         if heap is not None:
             heap.forget(row)
             row._heap = None
-        if row._ranked is not None:
-            row._ranked.remove(row)
+        if row._rank is not None:
+            self._listing(row, heap).remove(row)
         rare = row._rare  # (its fields read off it: most rows have none)
         if rare is not None and rare._age_entry is not None:
             self._ages.forget(row)
+        partition = None if rare is None else rare.partition
         state = row.state
         if state is PENDING:
             if heap is self._scheduled:
                 self._n_scheduled -= 1
             else:
                 self._n_ready -= 1
-                if row.partition is not None:
-                    self._flow.count(self._flow.parts[row.partition], -1)
+                if partition is not None:
+                    self._flow.count(self._flow.parts[partition], -1)
         elif state is PROCESSING:
             if heap is self._leases:
                 self._release(row, now)
             self._n_processing -= 1
             self._exhausted.pop(row.seq, None)
-            self._table._leased.pop(row.lease, None)  # type: ignore[arg-type]
+            held = row._held
+            if held is not None:
+                self._table._leased.pop(held.lease, None)  # type: ignore[arg-type]
         elif state is DEAD:
             del self._dead[row.seq]
         elif state is COMPLETED:
             del self._completed[row.seq]
         elif state is WAITING:
             self._n_waiting -= 1
-        if row.partition is not None and heap is not None and heap is not self._scheduled:
-            part = self._flow.parts.get(row.partition)
+        if partition is not None and heap is not None and heap is not self._scheduled:
+            part = self._flow.parts.get(partition)
             if part is not None and heap is part.ready and not part.ready:
                 # Its key's last ready row went (cancelled, expired, swept): file the
                 # part again now, so that one with nothing left is dropped, not kept
@@ -1609,7 +1671,7 @@ class Queue:
         row.state = DEAD
         row.died_at = now
         row.last_error = error
-        row.worker_id = row.lease = row.deadline = None
+        row._held = None
         self._dead[row.seq] = row
         self._by_death.add((now, row.seq, row))
         self._totals[3] += 1
@@ -1644,7 +1706,7 @@ class Queue:
         if row.key is not None:
             del self._keys[row.key]
         row.state = None
-        row.lease = None
+        row._held = None
 
 
 _HEX_DIGITS = "0123456789abcdef"
@@ -1760,7 +1822,7 @@ class JobTable:
         self.id_prefix = id_prefix
         self.max_payload_bytes = guard.positive_int("max_payload_bytes", max_payload_bytes)
         self._queues: dict[str, Queue] = {}
-        self._rows: dict[int, _Row] = {}
+        self._rows: Rows[_Row] = Rows()
         self._seq = 0
         self._leases_issued = 0
         # The claims this table made, by lease: (job id, row), while the row holds that
@@ -1898,19 +1960,19 @@ class JobTable:
     def queue_of(self, job_id: str) -> str | None:
         """The name of the queue the job is in, or ``None``: an O(1) look-up, no snapshot."""
         row = self._lookup(job_id)
-        return None if row is None else row.queue.name
+        return None if row is None else row._opts.queue.name
 
     def get_job(self, job_id: str) -> Job | None:
         row = self._lookup(job_id)
-        return None if row is None else row.queue.get_job(job_id)
+        return None if row is None else row._opts.queue.get_job(job_id)
 
     def cancel(self, job_id: str) -> bool:
         row = self._lookup(job_id)
-        return row is not None and row.queue.cancel(job_id)
+        return row is not None and row._opts.queue.cancel(job_id)
 
     def redrive(self, job_id: str) -> bool:
         row = self._lookup(job_id)
-        return row is not None and row.queue.redrive(job_id)
+        return row is not None and row._opts.queue.redrive(job_id)
 
     def enqueue_each(self, jobs: Iterable[tuple[Any, ...]]) -> list[str | Exception]:
         """Enqueue each job on its own, in order, all at one instant (the clock is read
@@ -2089,7 +2151,7 @@ class JobTable:
                 self._journal_met.append((result, row.seq, dep.seq))
             row.unmet -= 1
             if row.unmet == 0 and row.state is WAITING:  # (a dead one just keeps it)
-                row.queue._wake(row, now)
+                row._opts.queue._wake(row, now)
 
     def _doom(self, dep: _Row, error: str, now: float) -> None:
         """``dep`` died (``error`` says how) or was cancelled while jobs waited for it:
@@ -2107,7 +2169,7 @@ class JobTable:
             for row in list(waiting.values()):
                 if row.state is not WAITING:
                     continue
-                queue = row.queue
+                queue = row._opts.queue
                 queue._unlink(row, now)
                 queue._kill(row, why, now, spread=False)
                 if row.seq in dependents:
@@ -2156,7 +2218,7 @@ class JobTable:
         if result is not None:
             guard.result(result, self.max_payload_bytes)
         row = self._claimed(job_id, lease)
-        return row is not None and row.queue._ack(row, lease, self._now(), result)
+        return row is not None and row._opts.queue._ack(row, lease, self._now(), result)
 
     # -- following (RES-5, RES-6) -----------------------------------------------------------
 
@@ -2170,9 +2232,9 @@ class JobTable:
             return Finish(job_id, "", "unknown", None, None)
         state = row.state
         if state is COMPLETED:
-            return Finish(job_id, row.queue.name, "completed", row.result, None)
+            return Finish(job_id, row._opts.queue.name, "completed", row.result, None)
         if state is DEAD:
-            return Finish(job_id, row.queue.name, "dead", None, row.last_error)
+            return Finish(job_id, row._opts.queue.name, "dead", None, row.last_error)
         self._watched.add(row.seq)
         return None
 
@@ -2211,7 +2273,7 @@ class JobTable:
                 answers.append(exc)
                 continue
             row = self._claimed(job_id, lease)
-            if row is None or not row.queue._valid(row, lease, now):
+            if row is None or not row._opts.queue._valid(row, lease, now):
                 answers.append(False)
                 continue
             row.progress = value
@@ -2259,7 +2321,7 @@ class JobTable:
         self._watched.discard(row.seq)
         self._observed.discard(row.seq)
         self._finished.append(
-            Finish(self._format_id(row.seq), row.queue.name, state, result, error)
+            Finish(self._format_id(row.seq), row._opts.queue.name, state, result, error)
         )
 
     def ack_many(
@@ -2281,7 +2343,7 @@ class JobTable:
                 # _claimed, inlined: this is the drain's hot loop.
                 entry = leased.get(lease) if lease.__class__ is str else None
                 row = entry[1] if entry is not None and entry[0] == job_id else lookup(job_id)
-                landed.append(row is not None and row.queue._ack(row, lease, now))
+                landed.append(row is not None and row._opts.queue._ack(row, lease, now))
             return landed
         if len(results) != len(pairs):
             raise InvalidArgument("result", "must be one per lease")
@@ -2292,7 +2354,7 @@ class JobTable:
         for (job_id, lease), result in zip(pairs, results, strict=True):
             entry = leased.get(lease) if lease.__class__ is str else None
             row = entry[1] if entry is not None and entry[0] == job_id else lookup(job_id)
-            landed.append(row is not None and row.queue._ack(row, lease, now, result))
+            landed.append(row is not None and row._opts.queue._ack(row, lease, now, result))
         return landed
 
     def retry(
@@ -2304,18 +2366,18 @@ class JobTable:
             guard.optional(guard.nonneg, "delay_s", delay_s)
             guard.error_text("error", error)
             return False
-        return row.queue._retry(row, lease, error, delay_s)
+        return row._opts.queue._retry(row, lease, error, delay_s)
 
     def fail(self, job_id: str, lease: str, error: str | None = None) -> bool:
         row = self._claimed(job_id, lease)
         if row is None:
             guard.error_text("error", error)
             return False
-        return row.queue._fail(row, lease, error)
+        return row._opts.queue._fail(row, lease, error)
 
     def heartbeat(self, job_id: str, lease: str) -> bool:
         row = self._claimed(job_id, lease)
-        return row is not None and row.queue._heartbeat(row, lease)
+        return row is not None and row._opts.queue._heartbeat(row, lease)
 
     def back_off(
         self,
@@ -2330,7 +2392,7 @@ class JobTable:
         that is not valid (nothing changed); ``InvalidArgument`` for a bad argument."""
         row = self._claimed(job_id, lease)
         args = _back_off_args(delay_s, partition, whole_queue)
-        return row is not None and row.queue._back_off(row, lease, *args)
+        return row is not None and row._opts.queue._back_off(row, lease, *args)
 
     def take_freed(self) -> list[str]:
         """The queues where a slot freed (FLW-2) or limits changed since the last call:
@@ -2345,7 +2407,7 @@ class JobTable:
         """End a valid lease now: the job is reclaimable at once, its attempt consumed
         (HND-11)."""
         row = self._claimed(job_id, lease)
-        return row is not None and row.queue._lapse(row, lease)
+        return row is not None and row._opts.queue._lapse(row, lease)
 
     # -- time-driven work -----------------------------------------------------------------
 
@@ -2452,9 +2514,16 @@ class JobTable:
                     deleted.append(seq)
             elif seq in new:
                 upserts.append(_row_tuple(row))
-            elif seq in claimed:
+            elif seq in claimed and (held := row._held) is not None:
                 claims.append(
-                    (_STATE_TEXT[state], row.attempts, row.worker_id, row.deadline, row.lease, seq)
+                    (
+                        _STATE_TEXT[state],
+                        row.attempts,
+                        held.worker_id,
+                        held.deadline,
+                        held.lease,
+                        seq,
+                    )
                 )
             else:
                 updates.append(_update_tuple(row))
@@ -2549,7 +2618,7 @@ class JobTable:
         for values in rows:
             row = _row_from_tuple(table, values)
             table._rows[row.seq] = row
-            queue = row.queue
+            queue = row._opts.queue
             if row.key is not None:
                 queue._keys[row.key] = row
             if row.state is DEAD:
@@ -2583,14 +2652,14 @@ class JobTable:
                     queue._flow.part(row.partition).held += 1
         dead.sort(key=lambda r: (r.died_at, r.seq))
         for row in dead:
-            row.queue._dead[row.seq] = row
+            row._opts.queue._dead[row.seq] = row
         completed.sort(key=lambda r: (r.completed_at, r.seq))
         for row in completed:
-            row.queue._completed[row.seq] = row
+            row._opts.queue._completed[row.seq] = row
         table._restore_edges(edges, waiting)
         waiting_in: dict[Queue, list[_Row]] = {}
         for row in waiting:
-            waiting_in.setdefault(row.queue, []).append(row)
+            waiting_in.setdefault(row._opts.queue, []).append(row)
         for queue in table._queues.values():
             for heap in (queue._ready, queue._scheduled, queue._leases):
                 heap.rebuild()
@@ -2599,8 +2668,8 @@ class JobTable:
             queue._expiry.rebuild()
             queue._restore_indexes(waiting_in.get(queue, ()))
         for row in keyed:  # O(log n) each (keyed rows are not in the bulk-built heaps)
-            row.queue._make_ready(row, now)
-            row.queue._n_ready += 1
+            row._opts.queue._make_ready(row, now)
+            row._opts.queue._n_ready += 1
         table._schedules.restore(schedules)
         rows_by_seq = table._rows
         for seq, value in progress:  # ``(seq, progress)`` of the rows that have one
@@ -2638,12 +2707,12 @@ class JobTable:
     # -- internals ------------------------------------------------------------------------
 
     def _touch(self, row: _Row) -> None:
-        self._timing_dirty.add(row.queue)
+        self._timing_dirty.add(row._opts.queue)
         journal = self._journal
         if journal is not None:
             journal[row.seq] = row
             self._journal_claims.discard(row.seq)
-            self._journal_queues.add(row.queue)
+            self._journal_queues.add(row._opts.queue)
 
     def _journal_claim(self, row: _Row) -> None:
         """``_touch`` for a claim, which changes only the ``CLAIM_FIELDS`` of a row and
@@ -2709,7 +2778,7 @@ class JobTable:
         assert state is not None
         return Job(
             id=self._format_id(row.seq),
-            queue=row.queue.name,
+            queue=row._opts.queue.name,
             state=state,
             payload_json=row.payload,
             priority=row.priority,
@@ -2829,7 +2898,7 @@ def _row_tuple(row: _Row) -> tuple[Any, ...]:
     assert state is not None
     return (
         row.seq,
-        row.queue.name,
+        row._opts.queue.name,
         _STATE_TEXT[state],
         row.payload,
         row.priority,
@@ -2929,9 +2998,8 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
     )
     row.state = JobState(state)
     row.attempts = attempts
-    row.worker_id = worker_id
-    row.deadline = deadline
-    row.lease = lease
+    if lease is not None or worker_id is not None or deadline is not None:
+        row._held = _Held(lease, worker_id, deadline)
     row.last_error = last_error
     row.died_at = died_at
     if finished:  # (tuples of stores written before results have no such fields)
