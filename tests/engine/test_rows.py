@@ -91,3 +91,14 @@ def test_a_page_keeps_its_rows_while_more_than_a_few_are_live() -> None:
     assert 1 not in rows._pages and len(rows._sparse) == SPARSE
     assert all(rows[seq] == seq for seq in everything if seq not in gone)
     assert not any(seq in rows for seq in gone)
+
+
+def test_rows_far_apart_hold_no_page_each() -> None:
+    """A restore of a table whose live rows are far apart (one in a thousand seqs): they
+    go to the dict as each page stops being the newest, not one page each."""
+    rows: Rows[int] = Rows()
+    seqs = range(1, 1000 * PAGE, 1000)
+    for seq in seqs:
+        rows[seq] = seq
+    assert len(rows._pages) == 1
+    assert all(rows[seq] == seq for seq in seqs)

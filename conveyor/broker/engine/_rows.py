@@ -9,7 +9,9 @@ A page is freed when its last row leaves. A page left with at most ``SPARSE`` li
 (old jobs that stay: scheduled far ahead, retrying, dead, kept completed) moves them to
 a dict and is freed too, so that one old job never pins a page: at worst a row costs
 ``PAGE / SPARSE`` slots in a page or one dict entry, never more. The newest page is not
-moved while rows are still added to it. Every operation is O(1); nothing here scans.
+moved while rows are still added to it; once a newer one is made, it is held to the same
+rule. Every operation is O(1) (a move is paid for by the rows that filled the page);
+nothing here scans.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ class Rows(Generic[R]):
                 # of order): the dict holds it, so no page is made again for a few rows.
                 self._sparse[seq] = row
                 return
+            top = self._pages.get(self._top)
+            if top is not None and self._live[self._top] <= SPARSE:
+                # The newest page is newest no more: it may go sparse now (a restore of
+                # rows far apart, say), as any other page would by a delete.
+                self._spill(self._top, top)
             page = self._pages[number] = [None] * PAGE
             self._live[number] = 0
             self._top = number
