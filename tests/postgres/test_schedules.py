@@ -283,7 +283,9 @@ async def test_a_broker_losing_its_connection_fires_no_tick_twice() -> None:
 async def test_a_firing_cut_off_mid_transaction_is_fired_by_another_broker() -> None:
     """The broker that took a tick loses its connection inside the firing's transaction
     (its insert held up by a lock the test holds, then its session ended): nothing of
-    that firing stays, and another broker fires the tick, once, at the tick's time."""
+    that firing stays, and the tick is fired once, at the tick's time: by another broker
+    (it looks again at the tick's time) or by the cut one, back while the tick is now
+    (it fires again at the time it is, SCH-4)."""
     async with database() as dsn:
         clock = SteppedScheduler(start=START)
         async with brokers(dsn, clock, 3) as racing:
@@ -314,18 +316,33 @@ async def test_a_firing_cut_off_mid_transaction_is_fired_by_another_broker() -> 
                         await asyncio.sleep(0.01)
                     (pid,) = stuck
                     cut = pids[pid]
-                    await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    # Ended, and waited for: its transaction is gone when this returns.
+                    cur = await admin.execute("SELECT pg_terminate_backend(%s, 30000)", (pid,))
+                    assert await cur.fetchone() == (True,), "the cut session did not end"
+                    # Looked at while the lock still holds every insert back: the cut
+                    # broker, once connected again, fires the tick anew (a job with the
+                    # same key), and that firing must not be taken for this one's.
+                    assert await keys(dsn, "ticks") == []  # the cut firing left nothing
+                    cur = await admin.execute("SELECT next_at, fired FROM conveyor_schedules")
+                    assert await cur.fetchall() == [(START + 1, 0)]
                 finally:
                     await blocker.rollback()
                     await blocker.close()
             for backend in racing:
                 await backend.settle()
-            assert await keys(dsn, "ticks") == []  # the cut firing left nothing
-            await until(lambda: cut.available, "the broker's connection back")
+            # The cut broker fires again at the time it is once connected (SCH-4): while
+            # the tick is now, that is the tick on time; were the clock moved on first,
+            # the tick would be due with a later one, and the policy (``once``) would
+            # fire the later one only, which the contract allows a cut firing. So time
+            # stands still until that firing has taken its time; then it is let finish.
+            await until(lambda: cut.available and not cut._fire_asap, "the cut broker firing again")
+            await cut.settle()
             for _ in range(MINUTE - 1):
                 await step(clock, racing, 1)
             made = await keys(dsn, "ticks")
             assert sorted(made) == sorted(tick_key("tick", START + s) for s in range(1, MINUTE + 1))
+            (info,) = await racing[0].schedules(["tick"])
+            assert info.fired == MINUTE and info.next_at == START + MINUTE + 1
 
 
 # -- the real clock: three broker processes -------------------------------------------------
