@@ -186,17 +186,11 @@ class _Rare:
         self._exp_entry: tuple[Any, ...] | None = None
 
 
-class _Held:
-    """A processing row's claim: its lease, the worker holding it and the lease's
-    deadline (which heartbeats move). A claim makes one and the row drops it when it
-    stops being processing, so a pending row holds one slot for the three, not three."""
-
-    __slots__ = ("deadline", "lease", "worker_id")
-
-    def __init__(self, lease: str | None, worker_id: str | None, deadline: float | None) -> None:
-        self.lease = lease
-        self.worker_id = worker_id
-        self.deadline = deadline
+#: A processing row's claim: its lease, the worker holding it and the lease's deadline
+#: (a heartbeat makes a new one). A claim makes one and the row drops it when it stops
+#: being processing, so a pending row holds one slot for the three, not three. A tuple,
+#: not an object: a claim makes one per job, and a tuple is the cheapest to make.
+_Held = tuple[str | None, str | None, float | None]
 
 
 class _Options:
@@ -373,17 +367,17 @@ class _Row:
     @property
     def lease(self) -> str | None:
         held = self._held
-        return None if held is None else held.lease
+        return None if held is None else held[0]
 
     @property
     def worker_id(self) -> str | None:
         held = self._held
-        return None if held is None else held.worker_id
+        return None if held is None else held[1]
 
     @property
     def deadline(self) -> float | None:
         held = self._held
-        return None if held is None else held.deadline
+        return None if held is None else held[2]
 
     @property
     def max_attempts(self) -> int:
@@ -450,11 +444,13 @@ class JobHandle:
         self.deadline = deadline
         # What a later retry, fail or redrive may change and the snapshot must not see.
         rare = row._rare  # (its fields read off it: most rows have none)
+        held = row._held
+        worker_id = None if held is None else held[1]
         self._was: tuple[str | None, float, str | None, float | None]
         if rare is None:
-            self._was = (row.worker_id, row.ready_at, None, None)
+            self._was = (worker_id, row.ready_at, None, None)
         else:
-            self._was = (row.worker_id, row.ready_at, rare.last_error, rare.died_at)
+            self._was = (worker_id, row.ready_at, rare.last_error, rare.died_at)
         # Plain attributes, not properties reading the row: every push reads each of
         # them once, and a property call costs several attribute reads.
         self.queue: str = queue.name
@@ -1006,7 +1002,7 @@ class Queue:
             table._leases_issued += 1
             lease = f"{prefix}L{table._leases_issued:x}"
             deadline = now + row._opts.visibility_timeout_s
-            row._held = _Held(lease, worker_id, deadline)
+            row._held = (lease, worker_id, deadline)
             self._claims.add((table._leases_issued, row))
             self._n_processing += 1
             self._push(leases, (deadline, row.seq, row))
@@ -1027,9 +1023,9 @@ class Queue:
         return (
             row.state is PROCESSING
             and held is not None
-            and held.lease == lease
-            and held.deadline is not None
-            and now < held.deadline
+            and held[0] == lease
+            and held[2] is not None
+            and now < held[2]
         )
 
     def _ack(self, row: _Row, lease: str, now: float, result: bytes | None = None) -> bool:
@@ -1123,7 +1119,7 @@ class Queue:
         # The lease heap entry keeps the old, earlier deadline; _advance re-keys it.
         held = row._held
         assert held is not None
-        held.deadline = now + row._opts.visibility_timeout_s
+        row._held = (held[0], held[1], now + row._opts.visibility_timeout_s)
         self._table._touch(row)
         return True
 
@@ -1135,7 +1131,7 @@ class Queue:
         self._leases.forget(row)
         held = row._held
         assert held is not None
-        held.deadline = now
+        row._held = (held[0], held[1], now)
         self._push(self._leases, (now, row.seq, row))
         self._table._touch(row)
         self._advance(now)
@@ -1563,11 +1559,13 @@ class Queue:
         while (entry := leases.top()) is not None:
             row: _Row = entry[-1]
             held = row._held
-            assert held is not None and held.deadline is not None
-            if entry[0] >= held.deadline:
+            assert held is not None
+            deadline = held[2]
+            assert deadline is not None
+            if entry[0] >= deadline:
                 return entry
             leases.pop()
-            self._push(leases, (held.deadline, row.seq, row))
+            self._push(leases, (deadline, row.seq, row))
         return None
 
     def _advance(self, now: float) -> None:
@@ -1627,7 +1625,9 @@ class Queue:
             heap.forget(row)
             row._heap = None
         if row._rank is not None:
-            self._listing(row, heap).remove(row)
+            # (A processing row's, every ack's, without the call: its claims log.)
+            listing = self._claims if row.state is PROCESSING else self._listing(row, heap)
+            listing.remove(row)
         rare = row._rare  # (its fields read off it: most rows have none)
         if rare is not None and rare._age_entry is not None:
             self._ages.forget(row)
@@ -1647,7 +1647,7 @@ class Queue:
             self._exhausted.pop(row.seq, None)
             held = row._held
             if held is not None:
-                self._table._leased.pop(held.lease, None)  # type: ignore[arg-type]
+                self._table._leased.pop(held[0], None)  # type: ignore[arg-type]
         elif state is DEAD:
             del self._dead[row.seq]
         elif state is COMPLETED:
@@ -2519,9 +2519,9 @@ class JobTable:
                     (
                         _STATE_TEXT[state],
                         row.attempts,
-                        held.worker_id,
-                        held.deadline,
-                        held.lease,
+                        held[1],
+                        held[2],
+                        held[0],
                         seq,
                     )
                 )
@@ -2999,7 +2999,7 @@ def _row_from_tuple(table: JobTable, values: tuple[Any, ...]) -> _Row:
     row.state = JobState(state)
     row.attempts = attempts
     if lease is not None or worker_id is not None or deadline is not None:
-        row._held = _Held(lease, worker_id, deadline)
+        row._held = (lease, worker_id, deadline)
     row.last_error = last_error
     row.died_at = died_at
     if finished:  # (tuples of stores written before results have no such fields)
