@@ -17,11 +17,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from conveyor.broker.engine import (
-    CLAIM_FIELDS,
-    QUEUE_FIELDS,
-    ROW_FIELDS,
-    UPDATE_FIELDS,
-    Changes,
     InvalidArgument,
     JobHandle,
     JobState,
@@ -30,6 +25,7 @@ from conveyor.broker.engine import (
     Queue,
     QueueOpts,
 )
+from tests.stored_rows import Stored
 
 if TYPE_CHECKING:
     from conftest import ManualClock
@@ -943,36 +939,6 @@ def test_stats_of_a_rate_limited_key(mem: JobTable, clock: ManualClock) -> None:
 
 
 # -- FLW-9: restore ------------------------------------------------------------------------
-
-
-class Stored:
-    """What a store keeps of a table: its rows and queues as tuples, folded from
-    ``take_changes()`` as a store writes them."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, tuple[Any, ...]] = {}
-        self.queues: dict[str, tuple[Any, ...]] = {}
-        self.meta: tuple[str, int, int] = ("t", 0, 0)
-
-    def write(self, changes: Changes) -> None:
-        for values in changes.upserts:
-            self.rows[values[0]] = values
-        for fields, batch in ((UPDATE_FIELDS, changes.updates), (CLAIM_FIELDS, changes.claims)):
-            for values in batch:
-                row = dict(zip(ROW_FIELDS, self.rows[values[-1]], strict=True))
-                row.update(zip(fields, values, strict=True))
-                self.rows[values[-1]] = tuple(row[name] for name in ROW_FIELDS)
-        for seq in changes.deleted:
-            del self.rows[seq]
-        for values in changes.queues:
-            assert len(values) == len(QUEUE_FIELDS)
-            self.queues[values[0]] = values
-        self.meta = changes.meta
-
-    def restore(self, clock: ManualClock) -> JobTable:
-        return JobTable.restore(
-            self.meta, self.queues.values(), self.rows.values(), clock=clock, rng=random.Random(2)
-        )
 
 
 def journaled(clock: ManualClock) -> JobTable:
