@@ -10,12 +10,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import psycopg
 import pytest
 from psycopg import sql
+
+from conveyor.broker.backend.postgres import PostgresBackend
+from conveyor.broker.scheduler import SteppedScheduler
 
 SERVER = os.environ.get("CONVEYOR_TEST_PG", "host=127.0.0.1 port=5432 user=postgres")
 
@@ -94,3 +98,19 @@ async def until(
     while not check():
         assert loop.time() < end, f"not in {bound_s} s: {what}"
         await asyncio.sleep(0.01)
+
+
+async def open_backend(dsn: str, clock: SteppedScheduler, seed: int = 0) -> PostgresBackend:
+    """A broker's backend on the database ``dsn`` (its schema made), on ``clock``."""
+    return await PostgresBackend.open(
+        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(seed)
+    )
+
+
+async def db_now(dsn: str) -> float:
+    """The database server's clock now: what ``conveyor_enqueue`` stamps its jobs with."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        row = await cur.fetchone()
+        assert row is not None
+        return float(row[0])  # type: ignore[arg-type]

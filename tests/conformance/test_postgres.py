@@ -20,7 +20,7 @@ from conveyor.broker.scheduler import SteppedScheduler
 from conveyor.broker.store import StoreError
 
 from .conftest import START, Heard
-from .pg import database
+from .pg import database, db_now, open_backend
 from .pg import until as _until
 
 
@@ -30,16 +30,10 @@ async def dsn() -> AsyncIterator[str]:
         yield made
 
 
-async def _open(dsn: str, clock: SteppedScheduler, seed: int = 0) -> PostgresBackend:
-    return await PostgresBackend.open(
-        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(seed)
-    )
-
-
 async def test_two_brokers_claiming_at_once_never_share_a_job_clm_8(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock, 1)
-    two = await _open(dsn, clock, 2)
+    one = await open_backend(dsn, clock, 1)
+    two = await open_backend(dsn, clock, 2)
     try:
         jobs = 200
         ids = await one.enqueue_all("q", [NewJob(i) for i in range(jobs)])
@@ -70,8 +64,8 @@ async def test_two_brokers_claiming_at_once_never_share_a_job_clm_8(dsn: str) ->
 
 async def test_one_key_enqueued_by_two_brokers_at_once_is_one_job_enq_10(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock)
-    two = await _open(dsn, clock)
+    one = await open_backend(dsn, clock)
+    two = await open_backend(dsn, clock)
     try:
         await one.set_queue("q")
         puts = [
@@ -87,8 +81,8 @@ async def test_one_key_enqueued_by_two_brokers_at_once_is_one_job_enq_10(dsn: st
 
 async def test_a_broker_hears_of_another_brokers_work_and_cancels(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock)
-    two = await _open(dsn, clock)
+    one = await open_backend(dsn, clock)
+    two = await open_backend(dsn, clock)
     heard_one, heard_two = Heard(), Heard()
     one.listen(heard_one)
     two.listen(heard_two)
@@ -144,7 +138,7 @@ async def test_a_database_of_an_older_schema_is_migrated(dsn: str) -> None:
         await conn.execute("INSERT INTO conveyor_schema VALUES (1)")
         await conn.execute(MIGRATIONS[0].encode())
         await conn.execute("INSERT INTO conveyor_meta (id_prefix) VALUES ('old-')")
-    backend = await _open(dsn, SteppedScheduler(start=START))
+    backend = await open_backend(dsn, SteppedScheduler(start=START))
     try:
         (job_id,) = await backend.enqueue([Enqueue("q", 1)])
         assert job_id == "old-1"  # the table's prefix stays
@@ -156,12 +150,12 @@ async def test_a_database_of_an_older_schema_is_migrated(dsn: str) -> None:
 
 
 async def test_a_schema_newer_than_the_code_is_refused(dsn: str) -> None:
-    backend = await _open(dsn, SteppedScheduler(start=START))
+    backend = await open_backend(dsn, SteppedScheduler(start=START))
     await backend.close()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("UPDATE conveyor_schema SET version = %s", (SCHEMA_VERSION + 1,))
     with pytest.raises(StoreError) as raised:
-        await _open(dsn, SteppedScheduler(start=START))
+        await open_backend(dsn, SteppedScheduler(start=START))
     message = str(raised.value)
     assert f"version {SCHEMA_VERSION + 1}" in message and f"{SCHEMA_VERSION}" in message
 
@@ -215,7 +209,7 @@ async def test_a_lost_connection_makes_calls_unavailable_until_it_is_made_again(
 
 
 async def test_a_call_cut_off_in_flight_is_unavailable_and_did_not_happen(dsn: str) -> None:
-    backend = await _open(dsn, SteppedScheduler(start=START))
+    backend = await open_backend(dsn, SteppedScheduler(start=START))
     try:
         await backend.set_queue("q")
         main_pid = backend._conn.info.backend_pid
@@ -280,7 +274,7 @@ async def test_an_unreachable_server_is_unavailable() -> None:
 async def test_one_broker_leads_and_another_takes_over_when_it_closes(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
     retry = 10.0
-    one = await _open(dsn, clock, 1)
+    one = await open_backend(dsn, clock, 1)
     two = await PostgresBackend.open(
         dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(2), lead_retry_s=retry
     )
@@ -330,7 +324,7 @@ async def test_a_leader_that_closes_hands_the_lead_over_at_once(dsn: str) -> Non
     for _ in range(3):
         # The lock is let go as the leader closes: a broker started next leads from its
         # start (the manual-clock suite relies on a lone broker always leading).
-        backend = await _open(dsn, clock)
+        backend = await open_backend(dsn, clock)
         try:
             assert backend.is_leader
         finally:
@@ -340,8 +334,8 @@ async def test_a_leader_that_closes_hands_the_lead_over_at_once(dsn: str) -> Non
 
 async def test_the_lead_goes_with_the_leaders_session(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock, 1)
-    two = await _open(dsn, clock, 2)
+    one = await open_backend(dsn, clock, 1)
+    two = await open_backend(dsn, clock, 2)
     try:
         assert (one.is_leader, two.is_leader) == (True, False)
         hearing = one._hearing
@@ -371,8 +365,8 @@ async def test_the_lead_goes_with_the_leaders_session(dsn: str) -> None:
 
 async def test_brokers_on_one_database_hear_each_others_announcements(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    a = await _open(dsn, clock)
-    b = await _open(dsn, clock)
+    a = await open_backend(dsn, clock)
+    b = await open_backend(dsn, clock)
     try:
         assert await a.announce("a", {"workers": {"total": 1}}, 5.0) == []
         assert await b.announce("b", {"workers": {"total": 2}}, 5.0) == [{"workers": {"total": 1}}]
@@ -388,7 +382,7 @@ async def test_brokers_on_one_database_hear_each_others_announcements(dsn: str) 
 
 async def test_limits_hold_across_brokers_claiming_at_once_flw_2(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    brokers = [await _open(dsn, clock, seed) for seed in range(3)]
+    brokers = [await open_backend(dsn, clock, seed) for seed in range(3)]
     try:
         await brokers[0].set_limits("q", Limits(concurrency=5, partition_concurrency=2))
         jobs = [Enqueue("q", i, partition=f"k{i % 4}") for i in range(60)]
@@ -424,8 +418,8 @@ async def test_limits_hold_across_brokers_claiming_at_once_flw_2(dsn: str) -> No
 
 async def test_a_back_off_through_one_broker_holds_the_key_for_all_flw_6(dsn: str) -> None:
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock, 1)
-    two = await _open(dsn, clock, 2)
+    one = await open_backend(dsn, clock, 1)
+    two = await open_backend(dsn, clock, 2)
     try:
         await one.enqueue([Enqueue("q", i, partition="a") for i in range(3)])
         (first,) = await one.claim([Claim("w", ("q",), 1)])
@@ -451,8 +445,8 @@ async def test_claims_of_two_limited_queues_in_opposite_orders_never_deadlock(ds
     # two workers' claims batched): the locks are waited for in one order only, so no
     # claim fails as unavailable (the server breaking a deadlock).
     clock = SteppedScheduler(start=START)
-    one = await _open(dsn, clock, 1)
-    two = await _open(dsn, clock, 2)
+    one = await open_backend(dsn, clock, 1)
+    two = await open_backend(dsn, clock, 2)
     try:
         for name in ("qa", "qb"):
             await one.set_limits(name, Limits(concurrency=4, partition_concurrency=2))
@@ -506,11 +500,7 @@ async def test_a_queue_under_limits_in_a_database_of_schema_8_claims_in_turns_af
             "INSERT INTO conveyor_parts (queue, name, turn) VALUES ('q', '', 0), "
             "('q', 'a', nextval('conveyor_turn_seq')), ('q', 'b', nextval('conveyor_turn_seq'))"
         )
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        assert row is not None
-        db_now = float(row[0])
-    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    backend = await open_backend(dsn, SteppedScheduler(start=await db_now(dsn) + 60))
     try:
         (got,) = await backend.claim([Claim("w", ("q",), 10)])
         # The jobs of no key first (never served), then a and b in turn; a's second

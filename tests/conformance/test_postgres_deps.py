@@ -8,7 +8,6 @@ Each test makes a database of its own (``pg.database``) and drops it after.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -16,12 +15,11 @@ import pytest
 
 from conveyor.broker.backend import Claim, Enqueue, Report
 from conveyor.broker.backend._pg_schema import MIGRATIONS
-from conveyor.broker.backend.postgres import PostgresBackend
 from conveyor.broker.engine import InvalidArgument, JobState
 from conveyor.broker.scheduler import SteppedScheduler
 
 from .conftest import START, Heard
-from .pg import database
+from .pg import database, db_now, open_backend
 from .pg import until as _until
 
 
@@ -31,17 +29,11 @@ async def dsn() -> AsyncIterator[str]:
         yield made
 
 
-async def _open(dsn: str, clock: SteppedScheduler, seed: int = 0) -> PostgresBackend:
-    return await PostgresBackend.open(
-        dsn, clock, max_payload_bytes=1 << 20, rng=random.Random(seed)
-    )
-
-
 async def test_an_ack_through_one_broker_releases_a_dependent_claimed_through_another_dep_1(
     dsn: str,
 ) -> None:
     clock = SteppedScheduler(start=START)
-    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    one, two = await open_backend(dsn, clock), await open_backend(dsn, clock, seed=1)
     heard = Heard()
     one.listen(heard)
     try:
@@ -68,7 +60,7 @@ async def test_an_enqueue_racing_the_ack_of_its_dependency_never_leaves_it_waiti
     # The enqueue holds the dependency until its edge is committed, so either the ack
     # waits and then meets the edge, or the enqueue waits and finds the job gone.
     clock = SteppedScheduler(start=START)
-    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    one, two = await open_backend(dsn, clock), await open_backend(dsn, clock, seed=1)
     try:
         outcomes = set()
         for _ in range(30):
@@ -99,7 +91,7 @@ async def test_deaths_and_acks_through_two_brokers_at_once_keep_every_count_dep_
     # Fifty chains of three: the roots failed through one broker while jobs of the
     # other queue are acked through the other; every chain dies whole, nothing waits.
     clock = SteppedScheduler(start=START)
-    one, two = await _open(dsn, clock), await _open(dsn, clock, seed=1)
+    one, two = await open_backend(dsn, clock), await open_backend(dsn, clock, seed=1)
     try:
         roots = []
         for i in range(50):
@@ -136,11 +128,7 @@ async def test_a_database_of_the_schema_before_dependencies_takes_them_after_mig
         row = await cur.fetchone()
         assert row is not None
         old = str(row[0])
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        assert row is not None
-        db_now = float(row[0])
-    backend = await _open(dsn, SteppedScheduler(start=db_now + 1))
+    backend = await open_backend(dsn, SteppedScheduler(start=await db_now(dsn) + 1))
     try:
         (job,) = await backend.enqueue([Enqueue("q", "new", after=(old,))])
         assert isinstance(job, str)
@@ -159,13 +147,8 @@ async def test_a_database_of_the_schema_before_dependencies_takes_them_after_mig
 async def test_an_applications_transaction_enqueues_a_dependent_with_after_dep_1_dep_7(
     dsn: str,
 ) -> None:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        assert row is not None
-        db_now = float(row[0])
     # (The function stamps jobs with the server's clock: the broker's is set past them.)
-    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    backend = await open_backend(dsn, SteppedScheduler(start=await db_now(dsn) + 60))
     try:
         (dep,) = await backend.enqueue([Enqueue("deps", "a")])
         assert isinstance(dep, str)
@@ -200,12 +183,7 @@ async def test_an_ack_that_waited_for_an_enqueue_holding_its_job_meets_the_new_e
     # The application's transaction names the job (holding it) and is still open when
     # the ack through a broker comes: the ack waits for its commit, and then, though its
     # statement began before the edge was committed, releases the new job.
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        assert row is not None
-        db_now = float(row[0])
-    backend = await _open(dsn, SteppedScheduler(start=db_now + 60))
+    backend = await open_backend(dsn, SteppedScheduler(start=await db_now(dsn) + 60))
     try:
         (dep,) = await backend.enqueue([Enqueue("deps", "a")])
         ((claimed,),) = await backend.claim([Claim("w", ("deps",), 1)])
@@ -247,7 +225,7 @@ async def test_a_chain_of_a_thousand_dies_in_one_change_without_recursion_dep_3(
     # Each level is a statement of conveyor_deps_doom's loop, not a trigger inside a
     # trigger: a chain far deeper than the server's stack would allow dies whole.
     clock = SteppedScheduler(start=START)
-    backend = await _open(dsn, clock)
+    backend = await open_backend(dsn, clock)
     try:
         (root,) = await backend.enqueue([Enqueue("q", "root")])
         assert isinstance(root, str)

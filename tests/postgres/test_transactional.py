@@ -42,19 +42,12 @@ from conveyor.sdk import InvalidArgument, TooLarge, enqueue_tx, enqueue_tx_async
 from tests.conformance.conftest import Heard
 from tests.conformance.pg import database, database_sync
 
+from ..conformance.pg import db_now
 from ..conformance.pg import until as _until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The size limit of the shared database, set as docs/postgres.md says, and the brokers'.
 LIMIT = 1024
-
-
-async def _db_now(dsn: str) -> float:
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-        row = await cur.fetchone()
-        assert row is not None
-        return float(row[0])
 
 
 async def _open(
@@ -63,7 +56,7 @@ async def _open(
     """A broker's backend on ``dsn`` (its schema made), its clock ``ahead`` of the
     database's: a minute, so that a job the function stamps with the database's time is
     ready for it."""
-    clock = SteppedScheduler(start=await _db_now(dsn) + ahead)
+    clock = SteppedScheduler(start=await db_now(dsn) + ahead)
     backend = await PostgresBackend.open(
         dsn, clock, max_payload_bytes=limit, rng=random.Random(0), id_prefix="j-"
     )
@@ -778,7 +771,7 @@ async def test_the_function_resolves_options_as_the_backend_does(
 ) -> None:
     """For the same queue options and job, both paths store the same job (ENQ-2 to
     ENQ-6), or both refuse it naming the same field (ENQ-7 to ENQ-9)."""
-    now = await _db_now(shared_dsn)
+    now = await db_now(shared_dsn)
     if overrides.get("run_at") == "past":
         overrides["run_at"] = now - 1e6
     elif overrides.get("run_at") == "future":
