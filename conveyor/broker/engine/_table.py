@@ -356,28 +356,12 @@ class _Row:
     _exp_entry: _OnRare[tuple[Any, ...] | None] = _OnRare(None)
 
     # Its queue and the options fixed at its enqueue, in an _Options its queue shares
-    # between rows.
+    # between rows. (The per-job paths, a claim, an ack, a journal entry, read
+    # ``row._opts.queue`` without the property call.)
 
     @property
     def queue(self) -> Queue:
         return self._opts.queue
-
-    # Its claim's fields, on its _Held while it is processing.
-
-    @property
-    def lease(self) -> str | None:
-        held = self._held
-        return None if held is None else held[0]
-
-    @property
-    def worker_id(self) -> str | None:
-        held = self._held
-        return None if held is None else held[1]
-
-    @property
-    def deadline(self) -> float | None:
-        held = self._held
-        return None if held is None else held[2]
 
     @property
     def max_attempts(self) -> int:
@@ -398,6 +382,23 @@ class _Row:
     @property
     def timeout_s(self) -> float | None:
         return self._opts.timeout_s
+
+    # Its claim's fields, on its _Held while it is processing.
+
+    @property
+    def lease(self) -> str | None:
+        held = self._held
+        return None if held is None else held[0]
+
+    @property
+    def worker_id(self) -> str | None:
+        held = self._held
+        return None if held is None else held[1]
+
+    @property
+    def deadline(self) -> float | None:
+        held = self._held
+        return None if held is None else held[2]
 
 
 class JobHandle:
@@ -1151,7 +1152,7 @@ class Queue:
 
     def _row(self, job_id: str) -> _Row | None:
         row = self._table._lookup(job_id)
-        return row if row is not None and row._opts.queue is self else None
+        return row if row is not None and row.queue is self else None
 
     def get_job(self, job_id: str) -> Job | None:
         """A snapshot of the job, or ``None`` when it is gone or of another queue (OPS-1,
@@ -1963,19 +1964,19 @@ class JobTable:
     def queue_of(self, job_id: str) -> str | None:
         """The name of the queue the job is in, or ``None``: an O(1) look-up, no snapshot."""
         row = self._lookup(job_id)
-        return None if row is None else row._opts.queue.name
+        return None if row is None else row.queue.name
 
     def get_job(self, job_id: str) -> Job | None:
         row = self._lookup(job_id)
-        return None if row is None else row._opts.queue.get_job(job_id)
+        return None if row is None else row.queue.get_job(job_id)
 
     def cancel(self, job_id: str) -> bool:
         row = self._lookup(job_id)
-        return row is not None and row._opts.queue.cancel(job_id)
+        return row is not None and row.queue.cancel(job_id)
 
     def redrive(self, job_id: str) -> bool:
         row = self._lookup(job_id)
-        return row is not None and row._opts.queue.redrive(job_id)
+        return row is not None and row.queue.redrive(job_id)
 
     def enqueue_each(self, jobs: Iterable[tuple[Any, ...]]) -> list[str | Exception]:
         """Enqueue each job on its own, in order, all at one instant (the clock is read
@@ -2154,7 +2155,7 @@ class JobTable:
                 self._journal_met.append((result, row.seq, dep.seq))
             row.unmet -= 1
             if row.unmet == 0 and row.state is WAITING:  # (a dead one just keeps it)
-                row._opts.queue._wake(row, now)
+                row.queue._wake(row, now)
 
     def _doom(self, dep: _Row, error: str, now: float) -> None:
         """``dep`` died (``error`` says how) or was cancelled while jobs waited for it:
@@ -2172,7 +2173,7 @@ class JobTable:
             for row in list(waiting.values()):
                 if row.state is not WAITING:
                     continue
-                queue = row._opts.queue
+                queue = row.queue
                 queue._unlink(row, now)
                 queue._kill(row, why, now, spread=False)
                 if row.seq in dependents:
@@ -2235,9 +2236,9 @@ class JobTable:
             return Finish(job_id, "", "unknown", None, None)
         state = row.state
         if state is COMPLETED:
-            return Finish(job_id, row._opts.queue.name, "completed", row.result, None)
+            return Finish(job_id, row.queue.name, "completed", row.result, None)
         if state is DEAD:
-            return Finish(job_id, row._opts.queue.name, "dead", None, row.last_error)
+            return Finish(job_id, row.queue.name, "dead", None, row.last_error)
         self._watched.add(row.seq)
         return None
 
@@ -2369,18 +2370,18 @@ class JobTable:
             guard.optional(guard.nonneg, "delay_s", delay_s)
             guard.error_text("error", error)
             return False
-        return row._opts.queue._retry(row, lease, error, delay_s)
+        return row.queue._retry(row, lease, error, delay_s)
 
     def fail(self, job_id: str, lease: str, error: str | None = None) -> bool:
         row = self._claimed(job_id, lease)
         if row is None:
             guard.error_text("error", error)
             return False
-        return row._opts.queue._fail(row, lease, error)
+        return row.queue._fail(row, lease, error)
 
     def heartbeat(self, job_id: str, lease: str) -> bool:
         row = self._claimed(job_id, lease)
-        return row is not None and row._opts.queue._heartbeat(row, lease)
+        return row is not None and row.queue._heartbeat(row, lease)
 
     def back_off(
         self,
@@ -2395,7 +2396,7 @@ class JobTable:
         that is not valid (nothing changed); ``InvalidArgument`` for a bad argument."""
         row = self._claimed(job_id, lease)
         args = _back_off_args(delay_s, partition, whole_queue)
-        return row is not None and row._opts.queue._back_off(row, lease, *args)
+        return row is not None and row.queue._back_off(row, lease, *args)
 
     def take_freed(self) -> list[str]:
         """The queues where a slot freed (FLW-2) or limits changed since the last call:
@@ -2410,7 +2411,7 @@ class JobTable:
         """End a valid lease now: the job is reclaimable at once, its attempt consumed
         (HND-11)."""
         row = self._claimed(job_id, lease)
-        return row is not None and row._opts.queue._lapse(row, lease)
+        return row is not None and row.queue._lapse(row, lease)
 
     # -- time-driven work -----------------------------------------------------------------
 
@@ -2675,14 +2676,14 @@ class JobTable:
                     queue._flow.part(row.partition).held += 1
         dead.sort(key=lambda r: (r.died_at, r.seq))
         for row in dead:
-            row._opts.queue._dead[row.seq] = row
+            row.queue._dead[row.seq] = row
         completed.sort(key=lambda r: (r.completed_at, r.seq))
         for row in completed:
-            row._opts.queue._completed[row.seq] = row
+            row.queue._completed[row.seq] = row
         table._restore_edges(edges, waiting)
         waiting_in: dict[Queue, list[_Row]] = {}
         for row in waiting:
-            waiting_in.setdefault(row._opts.queue, []).append(row)
+            waiting_in.setdefault(row.queue, []).append(row)
         for queue in table._queues.values():
             for heap in (queue._ready, queue._scheduled, queue._leases):
                 heap.rebuild()
@@ -2691,8 +2692,8 @@ class JobTable:
             queue._expiry.rebuild()
             queue._restore_indexes(waiting_in.get(queue, ()))
         for row in keyed:  # O(log n) each (keyed rows are not in the bulk-built heaps)
-            row._opts.queue._make_ready(row, now)
-            row._opts.queue._n_ready += 1
+            row.queue._make_ready(row, now)
+            row.queue._n_ready += 1
         table._schedules.restore(schedules)
         rows_by_seq = table._rows
         for seq, value in progress:  # ``(seq, progress)`` of the rows that have one
@@ -2801,7 +2802,7 @@ class JobTable:
         assert state is not None
         return Job(
             id=self._format_id(row.seq),
-            queue=row._opts.queue.name,
+            queue=row.queue.name,
             state=state,
             payload_json=row.payload,
             priority=row.priority,
