@@ -3187,12 +3187,7 @@ class PostgresBackend:
                 told = Finished(job_id, row[1], "completed", result, None)
             else:
                 told = Finished(job_id, row[1], "dead", None, row[4])
-            self._watchers.pop(job_id, None)  # (told its end: watched no more)
-            for callback in self._followers.pop(job_id, ()):
-                try:
-                    callback(told)
-                except Exception:  # (a follower's bug must not stop the others)
-                    log.exception("a follower of %s failed", job_id)
+            self._tell_end(told)
 
     async def _held_leases(self, worker_id: str | None) -> list[tuple[str, str, str]]:
         async def work(now: float) -> list[tuple[Any, ...]]:
@@ -3455,12 +3450,17 @@ class PostgresBackend:
                 )
             else:
                 told = Finished(job_id, queue, "dead", None, error)
-            self._watchers.pop(job_id, None)  # (told its end: watched no more)
-            for callback in self._followers.pop(job_id, ()):
-                try:
-                    callback(told)
-                except Exception:  # (a follower's bug must not stop the others)
-                    log.exception("a follower of %s failed", job_id)
+            self._tell_end(told)
+
+    def _tell_end(self, told: Finished) -> None:
+        """Tell each follower of a job its end, once; the job is watched no more."""
+        job_id = told.id
+        self._watchers.pop(job_id, None)
+        for callback in self._followers.pop(job_id, ()):
+            try:
+                callback(told)
+            except Exception:  # (a follower's bug must not stop the others)
+                log.exception("a follower of %s failed", job_id)
 
     def _drop_follower(self, job_id: str, on_finished: Callable[[Finished], None]) -> bool:
         """Take ``on_finished`` off ``job_id``'s followers: whether none is left."""
@@ -3492,12 +3492,7 @@ class PostgresBackend:
         for seq, queue, state, result, error in await self._call(work, changes=False):
             job_id = self._id(seq)
             told = Finished(job_id, queue, state, None if result is None else bytes(result), error)
-            self._watchers.pop(job_id, None)  # (told its end: watched no more)
-            for callback in self._followers.pop(job_id, ()):
-                try:
-                    callback(told)
-                except Exception:  # (a follower's bug must not stop the others)
-                    log.exception("a follower of %s failed", job_id)
+            self._tell_end(told)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` as a call of its own, its failure logged (the backend's own
