@@ -16,18 +16,10 @@ import gc
 import random
 import time
 
+from engine_cost import PAYLOAD, Clock  # (run from bench/: the same payload and clock)
+
 import conveyor
-from conveyor.broker.engine import JobTable, NewJob, RawJSON
-
-PAYLOAD = RawJSON(b'{"to":"someone@example.com","subject":"hello","body":"' + b"x" * 45 + b'"}')
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from conveyor.broker.engine import JobTable, NewJob
 
 
 def drain(n: int) -> tuple[float, float]:
