@@ -20,9 +20,9 @@ process, one publisher process, and one process per worker (``multiprocessing``,
 * enqueue1: the same with one awaited call at a time (the inverse of a round trip);
 * drain: N jobs already queued, 1 and then 4 worker processes take and ack each (prefetch
   64 or the nearest setting); jobs/s from "go" to the last ack;
-* latency: a publisher at a steady 1,000 jobs/s for 5 s, 2 workers; from the enqueue call
-  to the handler starting (the send time travels in the payload; one host clock), p50,
-  p99 and max;
+* latency: a publisher at a steady 1,000 jobs/s for 5 s, 2 workers, subscribed before the
+  first job; from the enqueue call to the handler starting (the send time travels in the
+  payload; one host clock), p50, p99 and max;
 * cost (once, not per round): broker RSS with 1,000,000 pending jobs of ~100 bytes; broker
   RSS and CPU with 10,000 idle subscribed workers under keepalive (Conveyor only); the
   engine's claim cost at depth 1,000 vs 1,000,000 (bench/engine_cost.py).
@@ -769,6 +769,10 @@ class ConveyorWorker:
 
     def __init__(self, url: str, name: str) -> None:
         self.url, self.name = url, name
+        self.ready = asyncio.Event()
+
+    async def subscribed(self) -> None:
+        await self.ready.wait()
 
     async def connect(self) -> None:
         from websockets.asyncio.client import connect
@@ -795,7 +799,9 @@ class ConveyorWorker:
             elif "rid" in frame:
                 if not frame.get("ok") or (frame["rid"] != "s" and not all(frame["landed"])):
                     raise RuntimeError(f"unexpected reply: {frame}")
-                if frame["rid"] != "s":
+                if frame["rid"] == "s":
+                    self.ready.set()
+                else:
                     for _ in frame["landed"]:
                         tally.acked()
 
@@ -818,6 +824,12 @@ class ConveyorSdkWorker:
         from conveyor.sdk import Worker
 
         self.worker = Worker(self.url, queues=[QUEUE], worker_id=self.name, prefetch=PREFETCH)
+
+    async def subscribed(self) -> None:
+        # (Worker.url is set once its subscribe is answered; the Worker has no event for
+        # it, and this wait happens before "ready", so polling costs no measurement)
+        while self.worker.url is None:  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
 
     async def run(self, tally: Tally) -> None:
         from conveyor.sdk import Job
@@ -845,9 +857,13 @@ class ConveyorSdkWorker:
 class RabbitWorker:
     """aio-pika consumer: prefetch (basic.qos) 64, manual ack after the handler."""
 
+    async def subscribed(self) -> None:
+        await self.ready.wait()
+
     async def connect(self) -> None:
         import aio_pika
 
+        self.ready = asyncio.Event()
         self.connection = await aio_pika.connect(RABBIT_URL)
         self.channel = await self.connection.channel()
         await self.channel.set_qos(prefetch_count=PREFETCH)
@@ -860,6 +876,7 @@ class RabbitWorker:
             tally.acked()
 
         await self.queue.consume(on_message)
+        self.ready.set()
         await asyncio.Future()
 
     async def close(self, task: asyncio.Task[None]) -> None:
@@ -871,9 +888,13 @@ class NatsWorker:
     """nats-py push subscription bound to a durable JetStream consumer with a deliver group
     (explicit acks; max_ack_pending is 64 per worker, set on the shared consumer)."""
 
+    async def subscribed(self) -> None:
+        await self.ready.wait()
+
     async def connect(self) -> None:
         import nats
 
+        self.ready = asyncio.Event()
         self.nc = await nats.connect(NATS_URL)
         self.js = self.nc.jetstream()
 
@@ -887,6 +908,7 @@ class NatsWorker:
             NATS_SUBJECT, queue=NATS_CONSUMER, durable=NATS_CONSUMER, stream=NATS_STREAM,
             cb=on_message, manual_ack=True,
         )  # fmt: skip
+        self.ready.set()
         await asyncio.Future()
 
     async def close(self, task: asyncio.Task[None]) -> None:
@@ -931,9 +953,17 @@ async def async_work(
 ) -> None:
     worker = make_worker(target, f"bench-{os.getpid()}-{index}")
     await worker.connect()
+    task = None
+    if tally.latency:
+        # The latency workload measures a steady state: every worker is subscribed
+        # before the publisher's first job, on every system (the queue is empty until
+        # then). A drain's workers subscribe at "go", to a full queue.
+        task = asyncio.create_task(worker.run(tally))
+        await worker.subscribed()
     results.put(("ready", index, None))
     await wait_event(go)
-    task = asyncio.create_task(worker.run(tally))
+    if task is None:
+        task = asyncio.create_task(worker.run(tally))
     stopping = asyncio.create_task(wait_event(stop))
     done, _ = await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
