@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ._errors import InvalidArgument
 
@@ -186,6 +186,17 @@ class _Done:
 _DONE = _Done()
 
 
+class JobLink(Protocol):
+    """What a ``Job`` asks of the worker that made it: one object per worker, shared by
+    its jobs, so that handing out a job makes no closure."""
+
+    def heartbeat(self, job: Job) -> Awaitable[bool]: ...
+
+    def progress(self, job: Job, value: Any) -> None: ...
+
+    def dependency_results(self, job: Job) -> Awaitable[dict[str, Any]]: ...
+
+
 @dataclass(slots=True)
 class Job:
     """A job handed to a worker's handler.
@@ -207,20 +218,20 @@ class Job:
     lease: str
     priority: int
     visibility_timeout_s: float
-    _heartbeat: Callable[[], Awaitable[bool]] = field(repr=False, compare=False)
     timeout_s: float | None = None
     partition: str | None = None
-    # Takes a progress value (see ``progress``); set by the worker.
-    _progress: Callable[[Job, Any], None] | None = field(default=None, repr=False, compare=False)
     #: How many jobs it depended on (``after``); their results: ``dependency_results()``.
     dependencies: int = 0
-    _dependency_results: Callable[[], Awaitable[dict[str, Any]]] | None = field(
-        default=None, repr=False, compare=False
-    )
+    # The worker that handed it out (heartbeats, progress, dependencies' results go
+    # through it); ``None`` for a job made by hand, as a test of a handler may make one.
+    _link: JobLink | None = field(default=None, repr=False, compare=False)
 
     async def heartbeat(self) -> bool:
-        """Extend the lease now; ``False`` when it had already lapsed (the job went on)."""
-        return await self._heartbeat()
+        """Extend the lease now; ``False`` when it had already lapsed (the job went on).
+        A job made by hand has no lease to extend: ``False``."""
+        if self._link is None:
+            return False
+        return await self._link.heartbeat(self)
 
     def progress(self, value: Any, message: str | None = None) -> Awaitable[None]:
         """Report how far the handler has got: ``value`` is any JSON value (a number
@@ -236,8 +247,8 @@ class Job:
         encoded (or the broker's ``max_payload_bytes`` if smaller)."""
         if message is not None:
             value = {"value": value, "message": message}
-        if self._progress is not None:
-            self._progress(self, value)
+        if self._link is not None:
+            self._link.progress(self, value)
         return _DONE
 
     async def dependency_results(self) -> dict[str, Any]:
@@ -246,9 +257,9 @@ class Job:
         Every dependency was acked before this job was handed out (docs/contract.md,
         DEP-1, DEP-2). ``{}`` for a job with none. Fetched from the broker at each call,
         in pages that fit its frames."""
-        if not self.dependencies or self._dependency_results is None:
+        if not self.dependencies or self._link is None:
             return {}
-        return await self._dependency_results()
+        return await self._link.dependency_results(self)
 
 
 class Group:

@@ -221,6 +221,7 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task_group: anyio.abc.TaskGroup | None = None
         self._session: Session | None = None
+        self._link: _Link | None = None  # (set by run(): what its jobs ask of it)
         # job id -> (when its ack was first not taken, the wait before the next try)
         self._ack_retries: dict[str, tuple[float, float]] = {}
         self._limiter: anyio.CapacityLimiter | None = None  # made by run(): prefetch threads
@@ -335,6 +336,7 @@ class Worker:
             log_connects=False,  # _subscribe says more
         )
         self._session = session
+        self._link = _Link(self, session)
         signals = self._install_signals()
         try:
             async with anyio.create_task_group() as tg:
@@ -540,30 +542,21 @@ class Worker:
             job = await slot
 
     def _job(self, data: dict[str, Any]) -> Job:
-        session = self._session
-        assert session is not None
-        job_id, lease = data["id"], data["lease"]
-
-        async def heartbeat() -> bool:
-            reply = await session.request("heartbeat", {"id": job_id, "lease": lease})
-            return bool(reply["landed"])
-
+        get = data.get
         return Job(
-            id=job_id,
-            queue=data["queue"],
-            payload=data.get("payload"),
-            attempt=data["attempt"],
-            max_attempts=data["max_attempts"],
-            deadline=data["deadline"],
-            lease=lease,
-            priority=data.get("priority", 0),
-            visibility_timeout_s=data.get("visibility_timeout_s", 300.0),
-            _heartbeat=heartbeat,
-            timeout_s=data.get("timeout_s"),
-            partition=data.get("partition"),
-            _progress=self._on_progress,
-            dependencies=data.get("dependencies") or 0,
-            _dependency_results=lambda: dependency_results(session, job_id),
+            data["id"],
+            data["queue"],
+            get("payload"),
+            data["attempt"],
+            data["max_attempts"],
+            data["deadline"],
+            data["lease"],
+            get("priority", 0),
+            get("visibility_timeout_s", 300.0),
+            get("timeout_s"),
+            get("partition"),
+            get("dependencies") or 0,
+            self._link,
         )
 
     # -- progress -------------------------------------------------------------------------
@@ -1012,6 +1005,27 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+class _Link:
+    """What a worker's jobs ask of it (``JobLink``): one per ``run()``, shared by its
+    jobs, so that a pushed job becomes one object."""
+
+    __slots__ = ("_session", "_worker")
+
+    def __init__(self, worker: Worker, session: Session) -> None:
+        self._worker = worker
+        self._session = session
+
+    async def heartbeat(self, job: Job) -> bool:
+        reply = await self._session.request("heartbeat", {"id": job.id, "lease": job.lease})
+        return bool(reply["landed"])
+
+    def progress(self, job: Job, value: Any) -> None:
+        self._worker._on_progress(job, value)
+
+    def dependency_results(self, job: Job) -> Awaitable[dict[str, Any]]:
+        return dependency_results(self._session, job.id)
 
 
 async def dependency_results(session: Session, job_id: str) -> dict[str, Any]:

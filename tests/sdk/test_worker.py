@@ -118,6 +118,35 @@ async def test_a_handler_that_returns_acks_the_job(
     assert worker.handled == 1
 
 
+async def test_a_handler_extends_its_lease_with_job_heartbeat(
+    broker: Broker, client: Client, probe: Probe
+) -> None:
+    answers: list[bool] = []
+    worker = make_worker(broker, "beat")
+
+    @worker.handler("beat")
+    async def handle(job: Job) -> None:
+        answers.append(await job.heartbeat())
+
+    async with running(worker, probe):
+        job_id = await client.enqueue("beat", None, visibility_timeout_s=30.0)
+        await probe.report("ack", job_id)
+    assert answers == [True]
+    [beat] = probe.handled("heartbeat", job_id)
+    assert beat.result == {"landed": True}
+    assert beat.fields["lease"] == probe.handled("ack", job_id)[0].fields["lease"]
+
+
+async def test_a_job_made_by_hand_runs_a_handler_with_no_worker() -> None:
+    """A handler can be tested on a ``Job`` made by hand: it has no lease to extend, no
+    one to tell its progress, and no dependencies' results to read."""
+    job = Job("j1", "mail", {"to": "a@b.c"}, 1, 3, time.time() + 60, "lease", 0, 60.0,
+              dependencies=2)  # fmt: skip
+    assert await job.heartbeat() is False
+    await job.progress(0.5, "half")
+    assert await job.dependency_results() == {}
+
+
 @pytest.mark.parametrize("last", ["plain", "async"])
 async def test_the_handler_registered_last_for_a_queue_is_the_one_that_runs(
     broker: Broker, client: Client, probe: Probe, last: str
