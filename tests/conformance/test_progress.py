@@ -190,6 +190,29 @@ async def test_a_back_off_is_told_as_a_retry_that_spent_no_attempt_prg_5(rig: Ri
     ]
 
 
+async def test_a_lease_the_broker_lapses_is_told_as_a_retry_the_last_as_the_end_prg_5(
+    rig: Rig,
+) -> None:
+    """A lapse the broker makes (a worker gone past its grace, HND-11) is a step: a retry
+    while attempts are left; the last attempt's lapse is told as the job's death only."""
+    job_id = await rig.put(max_attempts=2)
+    watcher = Watcher()
+    await rig.backend.watch([job_id], watcher)
+    (c,) = await rig.take()
+    assert await rig.backend.lapse([(c.id, c.lease)]) == [True]
+    await watcher.until(lambda got: any(isinstance(e, Step) for e in got))
+    assert _shape(watcher.events) == [("retry", 1, "lapsed", None)]
+    (again,) = await rig.take()
+    assert again.attempt == 2
+    assert await rig.backend.lapse([(again.id, again.lease)]) == [True]
+    await rig.backend.sweep()  # the used-up lapsed job dies (DLQ-3)
+    events = await watcher.until_end()
+    assert _shape(events) == [
+        ("retry", 1, "lapsed", None),
+        ("end", "dead", None, "max attempts exceeded"),
+    ]
+
+
 async def test_a_watcher_is_told_of_death_and_cancel_prg_5(rig: Rig) -> None:
     failing = await rig.put()
     cancelled = await rig.put(delay_s=100.0)

@@ -346,14 +346,27 @@ _HEARTBEAT = f"""
 UPDATE conveyor_jobs j SET deadline = %(now)s + j.visibility_timeout_s
 FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
 WHERE j.seq = u.seq AND {_VALID} AND (%(worker)s::text IS NULL OR j.worker_id = %(worker)s)
-RETURNING j.seq, j.lease, j.queue
+RETURNING j.seq, j.lease
 """
 
+# A lapse the broker makes (HND-11: a worker gone past its grace) ends the lease now: the
+# job is reclaimable. Its attempt is told to the job's watchers as a retry when attempts
+# are left (a lapse of the last attempt is told as the end, by the sweep that kills it):
+# the brokers following it are told "g:<broker>:<seq>:l<attempt>" in the same statement
+# (PRG-8). Rows: (seq, lease, queue, attempts left, attempt); the notices' come last.
 _LAPSE = f"""
-UPDATE conveyor_jobs j SET deadline = %(now)s
-FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
-WHERE j.seq = u.seq AND {_VALID}
-RETURNING j.seq, j.lease, j.queue
+WITH l AS (
+    UPDATE conveyor_jobs j SET deadline = %(now)s
+    FROM unnest(%(seqs)s::bigint[], %(leases)s::text[]) AS u(seq, lease)
+    WHERE j.seq = u.seq AND {_VALID}
+    RETURNING j.seq, j.lease, j.queue, j.attempts, j.max_attempts
+)
+SELECT seq, lease, queue, attempts < max_attempts, attempts FROM l
+UNION ALL SELECT NULL,
+    pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':l' || l.attempts)::text,
+    NULL, NULL, NULL
+    FROM conveyor_follows fw JOIN l ON fw.seq = l.seq
+    WHERE fw.state IS NULL AND l.attempts < l.max_attempts
 """
 
 # A broker's row says it is alive; rows not renewed for a minute are cleared, and with
@@ -460,6 +473,9 @@ SELECT pg_notify('conveyor', 'g:' || fw.broker || ':' || fw.seq || ':' || u.step
 FROM unnest(%s::bigint[], %s::text[]) AS u(seq, step)
 JOIN conveyor_follows fw ON fw.seq = u.seq AND fw.state IS NULL
 """
+
+# A retry's notice, by its letter: "r" a worker's retry, "b" a back-off, "l" a lapse.
+_STEP_REASONS = {"r": "failed", "b": "backed_off", "l": "lapsed"}
 
 # What a broker reads of jobs whose steps it was told of (PRG-8).
 _STEPPED = """
@@ -2953,27 +2969,27 @@ class PostgresBackend:
                 tokens.append(lease)
         return seqs, tokens
 
-    async def _by_lease(
-        self, statement: str, leases: Sequence[tuple[str, str]], worker: str | None = None
-    ) -> tuple[list[bool], set[str]]:
-        """Run ``statement`` over the valid leases of ``leases``; whether each landed and
-        the queues of those that did."""
+    async def _extend(
+        self, leases: Sequence[tuple[str, str]], worker: str | None = None
+    ) -> list[bool]:
+        """Extend the valid leases of ``leases`` (of ``worker``'s jobs only, if given);
+        whether each landed."""
         seqs, tokens = self._lease_batch(leases)
 
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
             cur = await self._conn.execute(
-                statement,
+                _HEARTBEAT,
                 {"now": now, "seqs": seqs, "leases": tokens, "worker": worker},
                 prepare=False,
             )
             return await cur.fetchall()
 
         # (A heartbeat puts a deadline later: it brings no event nearer.)
-        rows = await self._call(work, changes=statement is not _HEARTBEAT)
-        hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
-        return [(job_id, lease) in hit for job_id, lease in leases], set(hit.values())
+        rows = await self._call(work, changes=False)
+        hit = {(self._id(row[0]), row[1]) for row in rows}
+        return [(job_id, lease) in hit for job_id, lease in leases]
 
     async def _ack(
         self, leases: Sequence[tuple[str, str]], results: Sequence[bytes | None] | None
@@ -3126,20 +3142,35 @@ class PostgresBackend:
         return results
 
     async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
-        landed, _ = await self._by_lease(_HEARTBEAT, leases)
+        landed = await self._extend(leases)
         return landed
 
     async def _lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
-        landed, freed = await self._by_lease(_LAPSE, leases)
+        seqs, tokens = self._lease_batch(leases)
+
+        async def work(now: float) -> list[tuple[Any, ...]]:
+            if not seqs:
+                return []
+            cur = await self._conn.execute(
+                _LAPSE, {"now": now, "seqs": seqs, "leases": tokens}, prepare=False
+            )
+            return await cur.fetchall()
+
+        rows = [row for row in await self._call(work, changes=True) if row[0] is not None]
+        hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
         # A second lapse of one lease finds it lapsed already (HND-1): the first lands.
-        landed = _first(landed, leases)
-        self._listeners.work_waiting(frozenset(freed))
+        landed = _first([(job_id, lease) in hit for job_id, lease in leases], leases)
+        self._listeners.work_waiting(frozenset(hit.values()))
+        if self._watchers:
+            for seq, _, _, attempts_left, attempt in rows:
+                if attempts_left:  # (the last attempt's lapse is told as the end)
+                    self._tell_step(Step(self._id(seq), "retry", attempt, None, "lapsed", None))
         return landed
 
     async def _reattach(
         self, worker_id: str, leases: Sequence[tuple[str, str]]
     ) -> list[tuple[str, str]]:
-        landed, _ = await self._by_lease(_HEARTBEAT, leases, worker=worker_id)
+        landed = await self._extend(leases, worker=worker_id)
         return [pair for pair, ok in zip(leases, landed, strict=True) if ok]
 
     async def _announce(
@@ -3380,15 +3411,16 @@ class PostgresBackend:
                     # last progress notice was.
                     last = max((i for i, step in enumerate(told) if step == "p"), default=-1)
                     for i, step in enumerate(told):
-                        if step[:1] in ("r", "b") and step[1:].isdigit():
-                            failed = step[0] == "r"
+                        reason = _STEP_REASONS.get(step[:1])
+                        if reason is not None and step[1:].isdigit():
+                            failed = reason == "failed"
                             self._tell_step(
                                 Step(
                                     job_id,
                                     "retry",
                                     int(step[1:]),
                                     None,
-                                    "failed" if failed else "backed_off",
+                                    reason,
                                     row[3] if failed and row is not None else None,
                                 )
                             )
