@@ -2969,25 +2969,37 @@ class PostgresBackend:
                 tokens.append(lease)
         return seqs, tokens
 
-    async def _extend(
-        self, leases: Sequence[tuple[str, str]], worker: str | None = None
-    ) -> list[bool]:
-        """Extend the valid leases of ``leases`` (of ``worker``'s jobs only, if given);
-        whether each landed."""
+    async def _by_lease(
+        self,
+        statement: str,
+        leases: Sequence[tuple[str, str]],
+        *,
+        changes: bool,
+        worker: str | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Run ``statement`` over the leases of ``leases`` (``worker``'s only, if the
+        statement takes one); its rows."""
         seqs, tokens = self._lease_batch(leases)
 
         async def work(now: float) -> list[tuple[Any, ...]]:
             if not seqs:
                 return []
             cur = await self._conn.execute(
-                _HEARTBEAT,
+                statement,
                 {"now": now, "seqs": seqs, "leases": tokens, "worker": worker},
                 prepare=False,
             )
             return await cur.fetchall()
 
+        return await self._call(work, changes=changes)
+
+    async def _extend(
+        self, leases: Sequence[tuple[str, str]], worker: str | None = None
+    ) -> list[bool]:
+        """Extend the valid leases of ``leases`` (of ``worker``'s jobs only, if given);
+        whether each landed."""
         # (A heartbeat puts a deadline later: it brings no event nearer.)
-        rows = await self._call(work, changes=False)
+        rows = await self._by_lease(_HEARTBEAT, leases, changes=False, worker=worker)
         hit = {(self._id(row[0]), row[1]) for row in rows}
         return [(job_id, lease) in hit for job_id, lease in leases]
 
@@ -3142,21 +3154,11 @@ class PostgresBackend:
         return results
 
     async def _heartbeat(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
-        landed = await self._extend(leases)
-        return landed
+        return await self._extend(leases)
 
     async def _lapse(self, leases: Sequence[tuple[str, str]]) -> list[bool]:
-        seqs, tokens = self._lease_batch(leases)
-
-        async def work(now: float) -> list[tuple[Any, ...]]:
-            if not seqs:
-                return []
-            cur = await self._conn.execute(
-                _LAPSE, {"now": now, "seqs": seqs, "leases": tokens}, prepare=False
-            )
-            return await cur.fetchall()
-
-        rows = [row for row in await self._call(work, changes=True) if row[0] is not None]
+        rows = await self._by_lease(_LAPSE, leases, changes=True)
+        rows = [row for row in rows if row[0] is not None]  # (the notices' rows are not)
         hit = {(self._id(row[0]), row[1]): row[2] for row in rows}
         # A second lapse of one lease finds it lapsed already (HND-1): the first lands.
         landed = _first([(job_id, lease) in hit for job_id, lease in leases], leases)
