@@ -19,7 +19,7 @@ process, one publisher process, and one process per worker (``multiprocessing``,
   ack, beanstalkd's ``INSERTED``); jobs/s from the first send to the last acceptance;
 * enqueue1: the same with one awaited call at a time (the inverse of a round trip);
 * drain: N jobs already queued, 1 and then 4 worker processes take and ack each (prefetch
-  64 or the nearest setting); jobs/s from "go" to the last ack;
+  64, or ``--prefetch``, or the nearest setting); jobs/s from "go" to the last ack;
 * latency: a publisher at a steady 1,000 jobs/s for 5 s, 2 workers, subscribed before the
   first job; from the enqueue call to the handler starting (the send time travels in the
   payload; one host clock), p50, p99 and max;
@@ -74,7 +74,8 @@ SNAPSHOT: list[str] = []  # with --snapshot: the commit Conveyor runs from (git 
 LOOP = ["auto"]  # --loop: every client's event loop (publishers and workers, every system)
 HOST = "127.0.0.1"
 IN_FLIGHT = 64  # enqueue window: at most 64 jobs in flight per publisher
-PREFETCH = 64  # per worker
+# Per worker; --prefetch sets it, through the environment so that spawned workers see it.
+PREFETCH = int(os.environ.get("BENCH_PREFETCH", "64"))
 FILL_WINDOW = 1000  # untimed fills (prefill before a drain, the 1,000,000 pending jobs)
 FILL_BATCH = 1000  # Conveyor fills use enqueue_batch (max_batch is 1000)
 QUEUE = "bench"  # Conveyor
@@ -1499,8 +1500,8 @@ def median_ratio(results: Results, metric: str, conv: str, peer: str) -> float |
 METRICS = [
     ("enqueue", "enqueue, jobs/s (1 publisher, 64 in flight, durable acceptance)", "jobs/s"),
     ("enqueue1", "enqueue, jobs/s (1 publisher, one awaited call at a time)", "jobs/s"),
-    ("drain1", "drain, jobs/s (1 worker process, prefetch 64)", "jobs/s"),
-    ("drain4", "drain, jobs/s (4 worker processes, prefetch 64 each)", "jobs/s"),
+    ("drain1", "drain, jobs/s (1 worker process, prefetch {prefetch})", "jobs/s"),
+    ("drain4", "drain, jobs/s (4 worker processes, prefetch {prefetch} each)", "jobs/s"),
     ("lat_p50", "latency p50, ms (1,000 jobs/s, 2 workers)", "ms"),
     ("lat_p99", "latency p99, ms", "ms"),
     ("lat_max", "latency max, ms", "ms"),
@@ -1512,7 +1513,7 @@ def print_results(results: Results, names: list[str], runs: int) -> None:
     peers = [n for n in names if not n.startswith("conveyor")]
     say(f"\n== results: median (min-max) of {runs} round(s) ==")
     for metric, title, unit in METRICS:
-        say(f"\n{title}")
+        say(f"\n{title.format(prefetch=PREFETCH)}")
         for name in names:
             if name in results[metric]:
                 say(f"  {name:<24}{summary(results[metric][name], unit)}")
@@ -1743,9 +1744,14 @@ def main() -> None:
         help="run Conveyor from a copy of HEAD (git archive), not the working tree, "
         "so that edits made during the run cannot mix versions",
     )
+    parser.add_argument("--prefetch", type=int, default=64,
+                        help="each worker's window of unacked jobs, for every system")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds allowed for one measurement")  # fmt: skip
     args = parser.parse_args()
+    global PREFETCH
+    PREFETCH = args.prefetch
+    os.environ["BENCH_PREFETCH"] = str(args.prefetch)
     engine_large, engine_rounds = 1_000_000, 15
     if args.runs is None:
         args.runs = 1 if args.quick else 3
