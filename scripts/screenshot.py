@@ -6,11 +6,12 @@ some realistic traffic, 1400 px wide and 420 px wide (a phone).
 
 Starts an in-memory broker in this process, runs a few publishers and workers through
 the SDK (steady mail, bursty thumbnails with some retries, billing with dead letters,
-slow transcodes, a backlog of reports paused part way), lets the charts fill for
-``--seconds``, then opens the page in Debian's Chromium (see
-../shared/browser-testing.md), opens a queue (its job browser, two jobs ticked), a worker
-and a dead job, and saves a full-page screenshot at each width. Needs /usr/bin/chromium
-and the playwright package (never ``playwright install``).
+slow transcodes that report progress, each after its poster frame, a backlog of reports
+paused part way), lets the charts fill for ``--seconds``, then opens the page in
+Debian's Chromium (see ../shared/browser-testing.md), opens a queue (its job browser, two
+jobs ticked), a worker and its longest-running transcode (a progress bar, the job it
+waited for), and saves a full-page screenshot at each width. Needs /usr/bin/chromium and
+the playwright package (never ``playwright install``).
 """
 
 from __future__ import annotations
@@ -51,10 +52,12 @@ CHROMIUM_ARGS = [
 
 
 async def publish(client: Client, stop: asyncio.Event) -> None:
-    """Steady mail with a slow swell, bursts of thumbnails, a trickle of invoices."""
+    """Steady mail with a slow swell, bursts of thumbnails, a trickle of invoices, and
+    now and then a transcode that waits for its video's poster frame (a thumbnail)."""
     rng = random.Random(7)
     started = time.monotonic()
     tick = 0
+    poster: list[str] = []
     while not stop.is_set():
         elapsed = time.monotonic() - started
         mails = max(1, round(6 + 4 * math.sin(elapsed / 9)))
@@ -63,15 +66,16 @@ async def publish(client: Client, stop: asyncio.Event) -> None:
             [{"to": f"user{rng.randrange(10_000)}@example.com", "template": "receipt"}] * mails,
         )
         if tick % 40 < 6:  # a burst every 10 s
-            await client.enqueue_many(
+            poster = await client.enqueue_many(
                 "thumbnails",
                 [{"image": f"s3://uploads/{rng.randrange(10**6):06d}.jpg", "size": 256}] * 8,
             )
-        if tick % 24 == 0:  # a transcode every 6 s
+        if tick % 24 == 0:  # a transcode every 6 s, once a poster frame is made
             await client.enqueue(
                 "transcodes",
                 {"video": f"s3://uploads/{rng.randrange(10**6):06d}.mp4", "to": "720p"},
                 visibility_timeout_s=600,
+                after=poster[:1],
             )
         if tick % 3 == 0:
             await client.enqueue(
@@ -117,7 +121,10 @@ def workers(url: str) -> list[Worker]:
 
     @video.handler("transcodes")
     async def transcode(job: Job) -> None:
-        await asyncio.sleep(rng.uniform(20, 90))
+        step = rng.uniform(20, 90) / 50
+        for done in range(1, 51):
+            await asyncio.sleep(step)
+            await job.progress(done / 50, f"encoding {job.payload['to']}")
 
     @reporter.handler("reports")
     async def report(job: Job) -> dict[str, object]:  # its result, kept an hour
@@ -164,7 +171,7 @@ async def traffic(broker: Broker) -> AsyncIterator[Client]:
 
 async def shot(browser: Browser, url: str, width: int, out: str) -> None:
     """The dashboard at ``url`` in a ``width`` px window, a queue (its jobs listed), a
-    worker and a dead job opened, saved whole to ``out``."""
+    worker and its longest-running job opened, saved whole to ``out``."""
     from playwright.async_api import expect
 
     page = await browser.new_page(viewport={"width": width, "height": 900})
@@ -177,14 +184,16 @@ async def shot(browser: Browser, url: str, width: int, out: str) -> None:
     for row in (await body.locator("tr").all())[1:3]:
         await row.locator('input[type="checkbox"]').check()
     await page.get_by_test_id("open-worker-video-5d10").click()
-    await expect(page.locator('[data-testid^="held-row-"]').first).to_be_visible()
-    dead = page.locator('[data-testid^="dead-row-"]')
-    await expect(dead.first).to_be_visible(timeout=10_000)
-    job_id = await dead.first.get_attribute("data-job")
+    held = page.locator('[data-testid^="held-row-"]')
+    await expect(held.first).to_be_visible()
+    await expect(page.locator('[data-testid^="dead-row-"]').first).to_be_visible(timeout=10_000)
+    # Its longest-running transcode in the job view: its progress bar, the poster frame
+    # it waited for.
+    job_id = await held.first.get_attribute("data-job")
     assert job_id is not None
     await page.get_by_test_id("job-input").fill(job_id)
     await page.get_by_test_id("job-submit").click()
-    await expect(page.get_by_test_id("job-view")).to_have_attribute("data-state", "dead")
+    await expect(page.get_by_test_id("job-progress")).to_be_visible()
     await page.evaluate("window.scrollTo(0, 0)")
     await page.mouse.move(0, 0)  # no hover highlight in the picture
     await page.wait_for_timeout(600)  # one more snapshot, smooth scrolling settled
@@ -203,7 +212,12 @@ async def shoot(args: argparse.Namespace) -> None:
         store="memory",
         sweep_interval_s=1.0,
         disconnect_grace_s=0.0,
-        queue_opts={"reports": QueueOpts(completed_retention_s=3600.0)},
+        # Finished reports keep their results an hour; finished thumbnails are kept so
+        # that a transcode may still name its poster frame after it is done.
+        queue_opts={
+            "reports": QueueOpts(completed_retention_s=3600.0),
+            "thumbnails": QueueOpts(completed_retention_s=600.0),
+        },
     )
     async with running_broker(config) as broker, traffic(broker) as client:
         await asyncio.sleep(args.seconds * 0.7)

@@ -385,6 +385,25 @@ async def test_at_phone_width_the_jobs_table_scrolls_inside_its_card(
     assert tab.seen.errors == []
 
 
+async def test_on_a_wide_screen_every_state_tab_is_on_one_row(broker: Broker, tab: Tab) -> None:
+    # The tabs are one segmented control: a tab wrapped to a row of its own (as when the
+    # grid had a column fewer than the tabs) reads as a broken control.
+    page = tab.page
+    await page.set_viewport_size({"width": 1400, "height": 900})
+    await open_dashboard(tab, broker)
+    async with Client(broker.url) as client:
+        await client.enqueue("mail", {"n": 1})
+        await open_queue(page, "mail")
+        await show_state(page, "ready", 1)
+    tabs = await page.get_by_test_id("jobs-tabs").locator("button[data-state]").all()
+    assert len(tabs) == 6
+    boxes = [await t.bounding_box() for t in tabs]
+    assert all(box is not None for box in boxes)
+    tops = {round(box["y"]) for box in boxes if box is not None}
+    assert len(tops) == 1, boxes
+    assert tab.seen.errors == []
+
+
 @pytest.mark.parametrize("config", [replace(BASE, max_batch=2)])
 async def test_cancel_selected_sends_batches_the_broker_takes(broker: Broker, tab: Tab) -> None:
     # The broker takes at most max_batch ids a cancel_batch (its hello says how many).
