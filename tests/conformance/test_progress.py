@@ -213,6 +213,33 @@ async def test_a_lease_the_broker_lapses_is_told_as_a_retry_the_last_as_the_end_
     ]
 
 
+async def test_a_lease_that_runs_out_by_time_is_told_once_as_a_retry_prg_5(rig: Rig) -> None:
+    """A lease that runs out by time (a worker hung but still connected) is a step too:
+    told once as a retry of the attempt that lapsed, before the next attempt's progress,
+    however the job is reclaimed; the last attempt's lapse is told as its end only."""
+    job_id = await rig.put(max_attempts=3, visibility_timeout_s=5.0)
+    watcher = Watcher()
+    await rig.backend.watch([job_id], watcher)
+    (first,) = await rig.take()
+    await rig.advance(6)  # no heartbeat: the lease runs out, no call ends it
+    (again,) = await rig.take()
+    assert again.id == job_id and again.attempt == 2 and again.lease != first.lease
+    assert await _progress(rig, again.id, again.lease, b"0.5") is True
+    await watcher.until_progress(b"0.5")
+    await rig.advance(6)
+    (third,) = await rig.take()
+    assert third.attempt == 3
+    await rig.advance(6)
+    await rig.backend.sweep()  # the used-up lapsed job dies (DLQ-3)
+    events = await watcher.until_end()
+    assert _shape(events) == [
+        ("retry", 1, "lapsed", None),
+        ("progress", 2, b"0.5"),
+        ("retry", 2, "lapsed", None),
+        ("end", "dead", None, "max attempts exceeded"),
+    ]
+
+
 async def test_a_watcher_is_told_of_death_and_cancel_prg_5(rig: Rig) -> None:
     failing = await rig.put()
     cancelled = await rig.put(delay_s=100.0)

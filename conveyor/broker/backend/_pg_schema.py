@@ -2040,6 +2040,27 @@ _V_DEPS = (
     _V_DEPS_TABLES + _V_DEPS_FUNCTIONS + _V_DEPS_TRIGGERS + "\n" + _V_DEPS_CLAIM + _V_DEPS_ENQUEUE
 )
 
+# v14: a lease that ran out by time (a worker hung but still connected) is told to the
+# brokers following its job when the claim takes the job again (PRG-5, PRG-8): no other
+# statement ends such a lease. The update trigger sees each reclaim as a row processing
+# before and after under a new lease, and notifies "g:<broker>:<seq>:x<attempt>" (the
+# attempt that lapsed). A lease the broker lapsed (_LAPSE) was told then already, as
+# "l<attempt>"; the broker tells each attempt's lapse once.
+_V_LAPSES = _changed(
+    _function(_V_DEPS_TRIGGERS, "conveyor_count_update"),
+    (
+        "            WHERE f.state = 'dead' AND n.state = 'dead'\n        ) b;\n",
+        "            WHERE f.state = 'dead' AND n.state = 'dead'\n        ) b;\n"
+        "        PERFORM pg_notify('conveyor', 'g:' || f.broker || ':' || f.seq || ':x'\n"
+        "            || o.attempts)\n"
+        "        FROM new_rows n JOIN old_rows o USING (seq)\n"
+        "        JOIN conveyor_follows f ON f.seq = n.seq AND f.state IS NULL\n"
+        "        WHERE o.state = 'processing' AND n.state = 'processing'\n"
+        "            AND n.lease <> o.lease\n"
+        "        ORDER BY n.seq;\n",
+    ),
+)
+
 MIGRATIONS: tuple[str, ...] = (
     _V1,
     _V2,
@@ -2054,6 +2075,7 @@ MIGRATIONS: tuple[str, ...] = (
     _V_RESULTS,
     _V_PROGRESS,
     _V_DEPS,
+    _V_LAPSES,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -474,8 +474,11 @@ FROM unnest(%s::bigint[], %s::text[]) AS u(seq, step)
 JOIN conveyor_follows fw ON fw.seq = u.seq AND fw.state IS NULL
 """
 
-# A retry's notice, by its letter: "r" a worker's retry, "b" a back-off, "l" a lapse.
-_STEP_REASONS = {"r": "failed", "b": "backed_off", "l": "lapsed"}
+# A retry's notice, by its letter: "r" a worker's retry, "b" a back-off, "l" a lapse the
+# broker made (_LAPSE), "x" a lease that ran out by time, told by the claim that takes
+# the job again (the jobs' update trigger, schema v14). A lease the broker lapsed is told
+# twice, "l" and then "x" at its reclaim: a watcher is told each attempt's lapse once.
+_STEP_REASONS = {"r": "failed", "b": "backed_off", "l": "lapsed", "x": "lapsed"}
 
 # What a broker reads of jobs whose steps it was told of (PRG-8).
 _STEPPED = """
@@ -1068,6 +1071,8 @@ class PostgresBackend:
         # end comes as any follower's); its steps come here. The jobs whose steps a
         # notice told of, and what kind ("p", "r"), to be read in one call.
         self._watchers: dict[str, list[Callable[[WatchEvent], None]]] = {}
+        # The last attempt whose lapse each watched job's watchers were told.
+        self._lapse_told: dict[str, int] = {}
         self._stepped: dict[int, list[str]] = {}
         self._reading_steps = False
         # Whether some queue keeps its jobs once acked (RES-3), as last read; None: read
@@ -1453,9 +1458,11 @@ class PostgresBackend:
             # A job this broker follows finished, here or on another broker (RES-7).
             self._background(self._take_finished())
             return
-        if note.pid == self._own_pid:
-            return  # this backend's own change: its call told the listeners
         kind, _, what = note.payload.partition(":")
+        if note.pid == self._own_pid and not (kind == "g" and what.rpartition(":")[2][:1] == "x"):
+            # This backend's own change: its call told the listeners. (A claim of its own
+            # that took a job again cannot: the trigger knows what it reclaimed.)
+            return
         if kind == "g":
             # A job this broker follows made a step on another broker (PRG-8).
             broker, _, rest = what.partition(":")
@@ -1981,12 +1988,17 @@ class PostgresBackend:
 
     def unwatch(self, ids: Sequence[str], on_event: Callable[[WatchEvent], None]) -> None:
         for job_id in ids:
-            callbacks = self._watchers.get(job_id)
-            if callbacks is not None and on_event in callbacks:
-                callbacks.remove(on_event)
-                if not callbacks:
-                    del self._watchers[job_id]
+            self._drop_watcher(job_id, on_event)
         self.unfollow(ids, on_event)
+
+    def _drop_watcher(self, job_id: str, on_event: Callable[[WatchEvent], None]) -> None:
+        """Take ``on_event`` off ``job_id``'s watchers (if it is one)."""
+        callbacks = self._watchers.get(job_id)
+        if callbacks is not None and on_event in callbacks:
+            callbacks.remove(on_event)
+            if not callbacks:
+                del self._watchers[job_id]
+                self._lapse_told.pop(job_id, None)
 
     def report(self, reports: Sequence[Report]) -> asyncio.Task[list[bool | InvalidArgument]]:
         return self._spawn(self._report(reports))
@@ -3383,7 +3395,15 @@ class PostgresBackend:
         return answers
 
     def _tell_step(self, step: Step) -> None:
-        """Tell the watchers of ``step``'s job (until its end is told, or unwatched)."""
+        """Tell the watchers of ``step``'s job (until its end is told, or unwatched); a
+        lapse once per attempt (see _STEP_REASONS). (A back-off spends no attempt: its
+        attempt may back off again.)"""
+        if step.id not in self._watchers:
+            return
+        if step.reason == "lapsed":
+            if self._lapse_told.get(step.id, 0) >= step.attempt:
+                return
+            self._lapse_told[step.id] = step.attempt
         for callback in list(self._watchers.get(step.id, ())):
             try:
                 callback(step)
@@ -3456,11 +3476,7 @@ class PostgresBackend:
                 self.unwatch([job_id], on_event)
                 finished = unknown(job_id)
             if finished is not None:
-                callbacks = self._watchers.get(job_id)
-                if callbacks is not None and on_event in callbacks:
-                    callbacks.remove(on_event)
-                    if not callbacks:
-                        del self._watchers[job_id]
+                self._drop_watcher(job_id, on_event)
                 out.append(finished)
                 continue
             assert job is not None
@@ -3490,6 +3506,7 @@ class PostgresBackend:
         """Tell each follower of a job its end, once; the job is watched no more."""
         job_id = told.id
         self._watchers.pop(job_id, None)
+        self._lapse_told.pop(job_id, None)
         for callback in self._followers.pop(job_id, ()):
             try:
                 callback(told)
