@@ -1069,7 +1069,7 @@ class PostgresBackend:
         self._followed_any = False
         # The callbacks watching each job (PRG-5): each is one of its followers too (its
         # end comes as any follower's); its steps come here. The jobs whose steps a
-        # notice told of, and what kind ("p", "r"), to be read in one call.
+        # notice told of, and what kind ("p", "r3", "x2"...), to be read in one call.
         self._watchers: dict[str, list[Callable[[WatchEvent], None]]] = {}
         # The last attempt whose lapse each watched job's watchers were told.
         self._lapse_told: dict[str, int] = {}
@@ -1464,7 +1464,8 @@ class PostgresBackend:
             # that took a job again cannot: the trigger knows what it reclaimed.)
             return
         if kind == "g":
-            # A job this broker follows made a step on another broker (PRG-8).
+            # A job this broker follows made a step on another broker, or was taken
+            # again by a claim of any broker after its lease ran out (PRG-8).
             broker, _, rest = what.partition(":")
             seq_text, _, step = rest.partition(":")
             if broker == self._follower_id and seq_text.isascii() and seq_text.isdigit():
