@@ -856,7 +856,7 @@ class ConveyorSdkWorker:
 
 
 class RabbitWorker:
-    """aio-pika consumer: prefetch (basic.qos) 64, manual ack after the handler."""
+    """aio-pika consumer: prefetch (basic.qos) ``PREFETCH``, manual ack after the handler."""
 
     async def subscribed(self) -> None:
         await self.ready.wait()
@@ -887,7 +887,7 @@ class RabbitWorker:
 
 class NatsWorker:
     """nats-py push subscription bound to a durable JetStream consumer with a deliver group
-    (explicit acks; max_ack_pending is 64 per worker, set on the shared consumer)."""
+    (explicit acks; max_ack_pending is ``PREFETCH`` per worker, set on the shared consumer)."""
 
     async def subscribed(self) -> None:
         await self.ready.wait()

@@ -7,8 +7,8 @@
 Starts ``conveyor serve --store memory`` (``--store sqlite``: a ``--sync full`` file in a
 temporary directory), fills N jobs with ``Client.enqueue_many``, then starts K processes
 that each run an SDK ``Worker`` (``--prefetch``, 64 unless told, uvloop, an async
-handler that counts the job in a shared counter) and, once all are connected, lets them
-drain. Printed: jobs/s from "go" to the last job handled, and the broker's CPU and the
+handler that counts the job in a shared counter) and, once all have started, lets them
+connect and drain. Printed: jobs/s from "go" to the last job handled, and the broker's CPU and the
 worker processes' CPU (together), in microseconds per job, over that time. Run the
 settings you compare alternately: the machine drifts.
 """

@@ -3405,7 +3405,7 @@ class PostgresBackend:
             if self._lapse_told.get(step.id, 0) >= step.attempt:
                 return
             self._lapse_told[step.id] = step.attempt
-        for callback in list(self._watchers.get(step.id, ())):
+        for callback in list(self._watchers[step.id]):
             try:
                 callback(step)
             except Exception:  # (a watcher's bug must not stop the others)
