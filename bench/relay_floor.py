@@ -59,7 +59,9 @@ class Relaying:
         self.held = 0  # the jobs in those
         self.turn = 0
 
-    def frame(self, conn: Any, raw: str | bytes) -> list[tuple[Any, bytes]]:
+    def frame(
+        self, conn: Any, raw: str | bytes | bytearray | memoryview
+    ) -> list[tuple[Any, bytes]]:
         import orjson
 
         frame = orjson.loads(raw)
