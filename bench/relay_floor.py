@@ -1,34 +1,33 @@
-"""The latency floor under Conveyor: the harness's own clients against a bare relay.
+"""The floor under Conveyor: the same clients against a server that does nothing.
 
-``bench/compare.py`` measures latency from the publisher's enqueue call to a worker's
-handler starting (1,000 jobs/s, 2 workers). Part of that is Conveyor, and part is what any
-broker in Python reached over WebSockets pays whatever it does: the publisher's and the
-worker's event loops and websockets, and a third process in the middle. This script
-measures that part alone. Its "relay" is a WebSocket server (websockets, on uvloop when
-installed, as ``conveyor serve`` runs) that keeps no job and decides nothing: each
-``enqueue_each`` frame is pushed at once to the next subscribed worker (kept until the
-first one subscribes) and answered, each ``ack_batch`` answered. The publisher and the
-workers are ``compare.py``'s raw Conveyor clients, unchanged, and every round checks that
-each job was handled exactly once.
+Part of every figure ``bench/compare.py`` measures is Conveyor, and part is what any
+broker in Python reached over WebSockets pays whatever it does: the clients' event loops
+and websockets, and a third process in the middle. This script measures that part alone,
+with two "relays" (``Relaying``): WebSocket servers on uvloop, as ``conveyor serve``
+runs, that hold the jobs no worker has room for in a deque and push to each subscribed
+worker up to its prefetch (in frames of half a window, as the broker does), take an ack
+as room given back, and answer an enqueue with made-up ids. Nothing is checked, leased,
+timed or kept once acked. ``ws-relay`` runs on websockets' asyncio server,
+``ws-relay-sansio`` on websockets' sans-I/O protocol under an asyncio ``Protocol`` of its
+own, as the broker's transport is built. Their clients are the ones the harness gives
+the systems asked for: the SDK's ``Client`` and ``Worker`` when one is ``conveyor-*-sdk``,
+else its raw Conveyor clients, unchanged; every round checks that each job was handled
+exactly once.
 
-The systems asked for (default: ``conveyor-memory`` and ``beanstalkd``) are measured in
-the same run, round after round in turn, and each round's p50 and p99 are printed with
-their ratio to the relay's from that round. Besides the harness's systems there is
-``py-beanstalkd``: beanstalkd's protocol served by a few dozen lines of Python on uvloop
-(``bench/py_beanstalkd.py``), with the harness's beanstalkd clients, unchanged::
+``--workload`` picks what is measured, as ``compare.py`` measures it:
+
+* ``latency`` (the default): from the enqueue call to the handler, 1,000 jobs/s for 5 s,
+  2 workers; each round's p50 and p99, with their ratios to ``ws-relay``'s;
+* ``enqueue1``: one awaited enqueue at a time (``--serial-jobs``, 20,000), jobs/s;
+* ``drain``: 1 and 4 worker processes draining a full queue (``--jobs``, 100,000), jobs/s.
+
+The systems asked for are measured in the same run, round after round, every system in
+turn; the medians of the per-round ratios close the output. Besides the harness's systems
+there is ``py-beanstalkd``: beanstalkd's protocol served by a few dozen lines of Python on
+uvloop (``bench/py_beanstalkd.py``), with the harness's beanstalkd clients::
 
     .venv/bin/python bench/relay_floor.py [--systems conveyor-memory,beanstalkd] [--runs 3]
-
-``--workload enqueue1`` measures ``compare.py``'s other per-request figure instead: one
-publisher making one awaited enqueue at a time (20,000 of them, ``--serial-jobs``), with
-its usual client (the SDK's ``Client`` for ``conveyor-*-sdk``, and for the relays too).
-Two relays answer each ``enqueue_each`` and keep its jobs for no one: ``ws-relay`` (the
-one above, on websockets' asyncio server) and ``ws-relay-sansio`` (websockets' sans-I/O
-protocol on an asyncio ``Protocol`` of its own, as the broker's transport is built). The
-ratios to them say how far a system is from what a round trip through a WebSocket server
-in Python costs when the server does nothing::
-
-    .venv/bin/python bench/relay_floor.py --workload enqueue1 \
+    .venv/bin/python bench/relay_floor.py --workload drain --loop uvloop \
         --systems conveyor-memory-sdk,nats-memory
 
 What it showed is in ``docs/benchmarks.md`` ("Where Conveyor still loses").
@@ -40,6 +39,8 @@ import argparse
 import asyncio
 import multiprocessing
 import statistics
+import time
+from collections import deque
 from typing import Any
 
 import compare  # the harness, beside this file (the script's directory is on the path)
@@ -51,12 +52,19 @@ SECONDS = 5.0
 
 class Relaying:
     """What the relay decides, shared by both of its servers: each frame in, the frames
-    out as ``(connection, bytes)``, for connections of any kind."""
+    out as ``(connection, bytes)``, for connections of any kind.
+
+    The least a broker can do: the jobs no worker has room for wait in order; a worker
+    has room for its ``prefetch`` jobs, given back by its acks; jobs go to the workers
+    with room in turn, in frames of at most half a window (as the broker splits them).
+    Nothing is checked, leased, timed or kept once pushed."""
 
     def __init__(self) -> None:
-        self.workers: list[Any] = []
-        self.waiting: list[bytes] = []  # pushes made before any worker subscribed
-        self.held = 0  # the jobs in those
+        self.ready: deque[dict[str, Any]] = deque()
+        self.room: dict[Any, int] = {}  # each subscribed worker's free slots
+        self.window: dict[Any, int] = {}  # and its prefetch
+        self.held = 0  # jobs pushed and not acked
+        self.seq = 0
         self.turn = 0
 
     def frame(
@@ -67,39 +75,68 @@ class Relaying:
         frame = orjson.loads(raw)
         op, rid = frame.get("op"), frame.get("rid")
         out: list[tuple[Any, bytes]] = []
+        reply: dict[str, Any] = {"rid": rid, "ok": True}
         if op == "subscribe":
-            self.workers.append(conn)
-            out.append((conn, orjson.dumps({"rid": rid, "ok": True})))
-            out.extend((conn, push) for push in self.waiting)
-            self.waiting.clear()
-            self.held = 0
-            return out
-        if op == "enqueue_each":
-            self.turn += 1
-            jobs = [
-                {"id": f"{self.turn:x}.{i}", "lease": "l", "payload": job["payload"]}
-                for i, job in enumerate(frame["jobs"])
-            ]
-            push = orjson.dumps({"push": "jobs", "jobs": jobs})
-            if self.workers:
-                out.append((self.workers[self.turn % len(self.workers)], push))
+            prefetch = frame.get("prefetch") or 64
+            self.room[conn] = self.window[conn] = prefetch
+        elif op in ("enqueue_each", "enqueue_batch"):
+            # (every field the SDK's worker reads from a push, as the broker sends them)
+            deadline = time.time() + 30.0
+            ids = []
+            for job in frame["jobs"]:
+                self.seq += 1
+                ids.append(job_id := f"{self.seq:x}")
+                self.ready.append({
+                    "id": job_id, "queue": job.get("queue", frame.get("queue")),
+                    "payload": job["payload"], "attempt": 1, "max_attempts": 3,
+                    "lease": job_id, "deadline": deadline, "priority": 0,
+                    "visibility_timeout_s": 30.0, "timeout_s": None, "partition": None,
+                    "dependencies": None,
+                })  # fmt: skip
+            if op == "enqueue_each":
+                reply["results"] = [{"id": job_id} for job_id in ids]
             else:
-                self.waiting.append(push)
-                self.held += len(jobs)
-            reply: dict[str, Any] = {
-                "rid": rid, "ok": True, "results": [{"id": j["id"]} for j in jobs]
-            }  # fmt: skip
-        elif op == "hello":  # (the SDK's first request)
-            reply = {"rid": rid, "ok": True}
-        elif op == "stats":  # (what compare.py's depth check asks; the rest is 0)
-            counts = {"ready": self.held, "scheduled": 0, "processing": 0}
-            reply = {"rid": rid, "ok": True, "queues": {compare.QUEUE: counts}}
+                reply["ids"] = ids
         elif op == "ack_batch":
-            reply = {"rid": rid, "ok": True, "landed": [True] * len(frame["items"])}
-        else:
+            acked = len(frame["items"])
+            self.room[conn] += acked
+            self.held -= acked
+            reply["landed"] = [True] * acked
+        elif op == "stats":  # (what compare.py's depth check asks)
+            counts = {"ready": len(self.ready), "scheduled": 0, "processing": self.held}
+            reply["queues"] = {compare.QUEUE: counts}
+        elif op not in ("hello", "unsubscribe"):  # (the SDK's first request; a worker's last)
             raise ValueError(f"the relay speaks no {op!r}")
-        out.append((conn, orjson.dumps(reply)))
+        self.push(out)  # pushes first, as the broker sends them
+        if rid is not None:
+            out.append((conn, orjson.dumps(reply)))
         return out
+
+    def push(self, out: list[tuple[Any, bytes]]) -> None:
+        """Hand waiting jobs to the workers with room, starting at the next in turn."""
+        import orjson
+
+        if not self.ready or not self.room:
+            return
+        workers = list(self.room)
+        self.turn += 1
+        for k in range(len(workers)):
+            worker = workers[(self.turn + k) % len(workers)]
+            room, per = self.room[worker], max(1, (self.window[worker] + 1) // 2)
+            while room and self.ready:
+                take = min(room, per, len(self.ready))
+                jobs = [self.ready.popleft() for _ in range(take)]
+                out.append((worker, orjson.dumps({"push": "jobs", "jobs": jobs})))
+                room -= take
+                self.held += take
+            self.room[worker] = room
+            if not self.ready:
+                return
+
+    def gone(self, conn: Any) -> None:
+        """A connection ended: a worker's room goes (what it held is forgotten)."""
+        self.room.pop(conn, None)
+        self.window.pop(conn, None)
 
 
 def relay_main(ports: Any, sansio: bool) -> None:
@@ -113,9 +150,12 @@ def relay_main(ports: Any, sansio: bool) -> None:
         from websockets.asyncio.server import ServerConnection, serve
 
         async def handler(ws: ServerConnection) -> None:
-            async for raw in ws:
-                for conn, data in relaying.frame(ws, raw):
-                    await conn.send(data, text=True)
+            try:
+                async for raw in ws:
+                    for conn, data in relaying.frame(ws, raw):
+                        await conn.send(data, text=True)
+            finally:
+                relaying.gone(ws)
 
         async with serve(handler, compare.HOST, 0, compression=None, max_size=None) as server:
             ports.put(server.sockets[0].getsockname()[1])
@@ -147,6 +187,9 @@ def relay_main(ports: Any, sansio: bool) -> None:
                     if chunks:
                         conn.transport.write(b"".join(chunks))
 
+            def connection_lost(self, exc: Exception | None) -> None:
+                relaying.gone(self)
+
         server = await asyncio.get_running_loop().create_server(Conn, compare.HOST, 0)
         ports.put(server.sockets[0].getsockname()[1])
         await asyncio.Future()
@@ -177,8 +220,7 @@ class Relay(compare.System):
         return self._target
 
     def remaining(self) -> int:
-        """The jobs pushed before any worker came (``enqueue1``); the latency workload's
-        were all pushed, and the harness checks that each came once."""
+        """The jobs the relay holds: waiting, or pushed and not acked."""
         assert self._target is not None
         return compare.System.remaining(self)
 
@@ -193,7 +235,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--systems", default="conveyor-memory,beanstalkd")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--workload", choices=["latency", "enqueue1"], default="latency")
+    parser.add_argument("--workload", choices=["latency", "enqueue1", "drain"], default="latency")
+    parser.add_argument("--jobs", type=int, default=100_000, help="N for each drain")
     parser.add_argument("--serial-jobs", type=int, default=20_000, help="N for enqueue1")
     parser.add_argument("--loop", choices=["auto", "uvloop", "asyncio"], default="auto",
                         help="every client's event loop (the relay runs on uvloop)")  # fmt: skip
@@ -207,12 +250,9 @@ def main() -> None:
     for name in names:
         if name not in known:
             parser.error(f"--systems: no system {name!r} (known: {', '.join(known)})")
-    # The latency workload's relay has the harness's raw clients; enqueue1's the SDK's
-    # Client when a system has it (conveyor-*-sdk).
-    sdk = args.workload == "enqueue1" and any(known[name].sdk for name in names)
-    systems: list[compare.System] = [Relay(sdk)]
-    if args.workload == "enqueue1":
-        systems.append(Relay(sdk, sansio=True))
+    # The relays' clients are the SDK's when a system's are (conveyor-*-sdk).
+    sdk = any(known[name].sdk for name in names)
+    systems: list[compare.System] = [Relay(sdk), Relay(sdk, sansio=True)]
     for name in names:
         system = known[name]
         try:
@@ -222,7 +262,16 @@ def main() -> None:
             continue
         systems.append(system)
     if args.workload == "enqueue1":
-        enqueue1(systems, args.runs, args.serial_jobs)
+        n = args.serial_jobs
+        print(f"one awaited enqueue at a time, {n:,} jobs, clients on {compare.LOOP[0]}")
+        rates(systems, args.runs, {"enqueue1": lambda s: compare.measure_serial(s, n, 120)})
+        return
+    if args.workload == "drain":
+        n = args.jobs
+        window, loop = compare.PREFETCH, compare.LOOP[0]
+        print(f"drains of {n:,} jobs from a full queue, prefetch {window}, clients on {loop}")
+        figures = {f"drain{k}": lambda s, k=k: compare.measure_drain(s, n, k, 300) for k in (1, 4)}
+        rates(systems, args.runs, figures)
         return
     print(f"latency at {RATE:,.0f} jobs/s for {SECONDS:.0f} s, 2 workers; ms")
     ratios: dict[str, list[tuple[float, float]]] = {s.name: [] for s in systems[1:]}
@@ -247,37 +296,45 @@ def main() -> None:
             p50 = statistics.median(a for a, _ in pairs)
             p99 = statistics.median(b for _, b in pairs)
             print(f"{name:<18} / relay, median of the rounds: p50 {p50:.2f}x  p99 {p99:.2f}x")
+    for a in ratios:  # (the relay's figures cancel: a's p99 over b's, round by round)
+        for b in ratios:
+            if a != b and not a.startswith("conveyor") and ratios[a] and ratios[b]:
+                each = [x[1] / y[1] for x, y in zip(ratios[a], ratios[b], strict=True)]
+                print(f"{a} / {b}, p99, median of the rounds: {statistics.median(each):.2f}x")
 
 
-def enqueue1(systems: list[compare.System], runs: int, n: int) -> None:
-    """Each system's rate of one awaited enqueue at a time, round after round in turn,
-    with its ratio to the relay's in that round and the medians of those ratios."""
-    print(f"one awaited enqueue at a time, {n:,} jobs, clients on {compare.LOOP[0]}; jobs/s")
-    ratios: dict[str, list[float]] = {s.name: [] for s in systems[1:]}
+def rates(systems: list[compare.System], runs: int, figures: dict[str, Any]) -> None:
+    """Each figure (a rate: ``measure(system)``) of each system, round after round, every
+    system in turn, with its ratio to the first relay's in that round; then the medians
+    of those ratios, and of each Conveyor system's over each other system's."""
+    ratios: dict[str, dict[str, list[float]]] = {
+        f: {s.name: [] for s in systems[1:]} for f in figures
+    }
     try:
         for run in range(1, runs + 1):
-            floor = 0.0
-            for system in systems:
-                rate = compare.measure_serial(system, n, 120)
-                line = f"{run}  {system.name:<20} {rate:8,.0f} jobs/s  {1e6 / rate:6.1f} us a call"
-                if not floor:
-                    floor = rate
-                else:
-                    ratios[system.name].append(rate / floor)
-                    line += f"   / relay: {rate / floor:.2f}x"
-                print(line, flush=True)
+            for figure, measure in figures.items():
+                floor = 0.0
+                for system in systems:
+                    rate = measure(system)
+                    line = f"{run}  {figure:<9} {system.name:<20} {rate:9,.0f} jobs/s"
+                    if not floor:
+                        floor = rate
+                    else:
+                        ratios[figure][system.name].append(rate / floor)
+                        line += f"   / relay: {rate / floor:.2f}x"
+                    print(line, flush=True)
     finally:
         for system in systems:
             system.stop()
         compare.stop_all()
-    for name, each in ratios.items():
-        if each:
-            print(f"{name:<20} / relay, median of the rounds: {statistics.median(each):.2f}x")
-    for a in ratios:
-        for b in ratios:
-            if a.startswith("conveyor") and not b.startswith("conveyor") and ratios[a]:
-                each = [x / y for x, y in zip(ratios[a], ratios[b], strict=True)]
-                print(f"{a} / {b}, median of the rounds: {statistics.median(each):.2f}x")
+    for figure, by_system in ratios.items():
+        for name, each in by_system.items():
+            print(f"{figure:<9} {name:<20} / relay, median: {statistics.median(each):.2f}x")
+        for a in by_system:
+            for b in by_system:
+                if a.startswith("conveyor") and not b.startswith("conveyor"):
+                    each = [x / y for x, y in zip(by_system[a], by_system[b], strict=True)]
+                    print(f"{figure:<9} {a} / {b}, median: {statistics.median(each):.2f}x")
 
 
 if __name__ == "__main__":
