@@ -46,6 +46,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import functools
 import importlib.metadata
 import math
 import multiprocessing as mp
@@ -984,7 +985,8 @@ def beanstalk_work(
     client = greenstalk.Client((host, int(port)), watch=TUBE, encoding=None)
     reader = None
     if tally.stamp_reads:
-        reader = client._reader = _StampedReader(client._reader)
+        reader = _StampedReader(client._reader)
+        client._reader = reader  # type: ignore[assignment]  # (duck-typed: read and readline)
     results.put(("ready", index, None))
     go.wait()
     while not stop.is_set():
@@ -1075,7 +1077,11 @@ async def rabbit_check() -> str:
         connection = await aio_pika.connect(RABBIT_URL, timeout=5)
     except Exception as exc:
         raise Skip(f"RabbitMQ is not reachable at {RABBIT_URL}: {exc!r}") from exc
-    version = connection.transport.connection.server_properties.get("version", "?")
+    underlay = connection.transport.connection if connection.transport else None
+    assert underlay is not None, "aio-pika connected without a transport"
+    version = underlay.server_properties.get("version", "?")
+    if isinstance(version, bytes):
+        version = version.decode(errors="replace")
     await connection.close()
     return f"RabbitMQ {version}, aio-pika {importlib.metadata.version('aio-pika')}"
 
@@ -1210,7 +1216,8 @@ def beanstalkd_remaining(address: str) -> int:
             return 0  # the tube goes away once empty and unwatched
     keys = ("current-jobs-ready", "current-jobs-reserved", "current-jobs-delayed",
             "current-jobs-buried")  # fmt: skip
-    return sum(int(stats[k]) for k in keys)
+    counts: dict[str, Any] = dict(stats)
+    return sum(int(counts[k]) for k in keys)
 
 
 # -- one measurement ----------------------------------------------------------------------
@@ -1363,7 +1370,7 @@ def measure_drain(system: System, n: int, workers: int, seconds: float) -> float
     try:
         fill(system, target, n, seconds)
         started, tallies = run_workers(system, target, workers, n, seconds)
-        return n / (max(t["last_ack"] for t in tallies) - started)
+        return n / (float(max(t["last_ack"] for t in tallies)) - started)
     finally:
         system.stop()
 
@@ -1812,7 +1819,7 @@ def main() -> None:
             for workload, fn in workloads:
                 say(f"{workload}")
                 for system in order:
-                    value = timed_round(system.name, lambda s=system, f=fn: f(s))
+                    value = timed_round(system.name, functools.partial(fn, system))
                     if workload != "latency":
                         results[workload].setdefault(system.name, []).append(value)
                         continue
@@ -1856,7 +1863,7 @@ def run_cost(
             if system.sync != "full" or (args.no_peer_cost and not system.conveyor):
                 continue
             value = timed_round(
-                system.name, lambda s=system: measure_pending_rss(s, args.pending, long)
+                system.name, functools.partial(measure_pending_rss, system, args.pending, long)
             )
             cost["pending"][system.name] = value
     if "idle" in parts:
@@ -1868,7 +1875,7 @@ def run_cost(
                 continue
             value = timed_round(
                 system.name,
-                lambda s=system: measure_idle(s, args.idle, args.idle_procs, 10.0, long),
+                functools.partial(measure_idle, system, args.idle, args.idle_procs, 10.0, long),
             )
             if isinstance(value, dict):
                 value["wanted"] = args.idle

@@ -13,6 +13,7 @@ show the ratio.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import statistics
 import time
@@ -60,19 +61,17 @@ def build(queues: int, jobs: int) -> tuple[Feed, ManualScheduler, str]:
     return feed, clock, some_id
 
 
-def measure(queues: int, jobs: int, rounds: int) -> float:
+async def measure(queues: int, jobs: int, rounds: int) -> float:
     feed, clock, some_id = build(queues, jobs)
     viewer = Viewer()
-    feed.watch(
-        viewer,  # type: ignore[arg-type]
-        {"job": some_id, "dead_queue": "queue-0", "dead_offset": 0, "dead_limit": 20},
-    )
+    fields = {"job": some_id, "worker": None, "dead_queue": "queue-0", "dead_offset": 0}
+    feed.watch(viewer, {**fields, "dead_limit": 20})
     costs = []
     for _ in range(rounds):
         clock.advance(1.0)  # a history sample every tick, the dearest case
-        feed._viewers[viewer].sent_at = None  # type: ignore[index]
+        feed._viewers[viewer].sent_at = None
         start = time.perf_counter()
-        feed.tick()
+        await feed.tick()
         costs.append(time.perf_counter() - start)
     assert viewer.frames == rounds
     return statistics.median(costs)
@@ -84,8 +83,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args()
-    small = measure(args.queues, args.jobs // 100, args.rounds)
-    large = measure(args.queues, args.jobs, args.rounds)
+    small = asyncio.run(measure(args.queues, args.jobs // 100, args.rounds))
+    large = asyncio.run(measure(args.queues, args.jobs, args.rounds))
     print(f"one dashboard update, {args.queues} queues, median of {args.rounds}:")
     print(f"  {args.jobs // 100:>9,} jobs: {small * 1e3:.2f} ms")
     print(f"  {args.jobs:>9,} jobs: {large * 1e3:.2f} ms   (ratio {large / small:.2f}x)")

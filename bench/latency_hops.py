@@ -220,7 +220,7 @@ def measure(system: Stamped) -> list[tuple[float, ...]]:
     finally:
         del os.environ["BENCH_READ_STAMPS"]
         system.stop()
-    rows = []
+    rows: list[tuple[float, ...]] = []
     for tally in tallies:
         worker_reads = tally["reads"]
         for seq, latency in zip(tally["seqs"], tally["lat"], strict=True):

@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 from websockets.asyncio.client import connect
 
+from conveyor.broker.backend import LocalBackend
 from conveyor.broker.config import Config
 from conveyor.broker.engine import JobTable
 from conveyor.broker.metrics import Metrics
@@ -98,7 +99,9 @@ def p(times: list[float], q: float) -> float:
 async def loop_cost(queues: int, seconds: float) -> None:
     config = Config(port=0, store="memory", sweep_interval_s=60.0)
     async with running_broker(config) as broker:
-        fill(broker.backend.table, queues)
+        backend = broker.backend
+        assert isinstance(backend, LocalBackend), "a memory store runs on the local backend"
+        fill(backend.table, queues)
         assert broker.server is not None
         host, port = next(iter(broker.server.sockets)).getsockname()[:2]
         alone = await enqueue_times(broker.url, seconds)

@@ -408,6 +408,7 @@ class System:
         self.urls.clear()
 
     def publisher(self, index: int, logs: Path, name: str) -> Child:
+        spec: dict[str, Any]
         if self.kind == "graphile":
             spec = {"role": "publish", "dsn": dsn_for(self.dbname)}
             return Child(["node", "graphile.mjs", "child", orjson.dumps(spec).decode()],

@@ -55,7 +55,7 @@ async def _explain(dsn: str, query: str, params: dict[str, Any]) -> tuple[int, s
         cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params)
         row = await cur.fetchone()
         assert row is not None
-        plan = row[0][0]["Plan"]  # type: ignore[index]
+        plan = row[0][0]["Plan"]
 
         def indexes(node: dict[str, Any]) -> list[str]:
             names = [node["Index Name"]] if "Index Name" in node else []
