@@ -41,6 +41,7 @@ import multiprocessing
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import compare  # the harness, beside this file (the script's directory is on the path)
@@ -261,80 +262,72 @@ def main() -> None:
             print(f"SKIPPED {name}: {exc}")
             continue
         systems.append(system)
+    measures: list[Measure]
     if args.workload == "enqueue1":
         n = args.serial_jobs
-        print(f"one awaited enqueue at a time, {n:,} jobs, clients on {compare.LOOP[0]}")
-        rates(systems, args.runs, {"enqueue1": lambda s: compare.measure_serial(s, n, 120)})
-        return
-    if args.workload == "drain":
-        n = args.jobs
-        window, loop = compare.PREFETCH, compare.LOOP[0]
-        print(f"drains of {n:,} jobs from a full queue, prefetch {window}, clients on {loop}")
-        figures = {f"drain{k}": lambda s, k=k: compare.measure_drain(s, n, k, 300) for k in (1, 4)}
-        rates(systems, args.runs, figures)
-        return
-    print(f"latency at {RATE:,.0f} jobs/s for {SECONDS:.0f} s, 2 workers; ms")
-    ratios: dict[str, list[tuple[float, float]]] = {s.name: [] for s in systems[1:]}
-    try:
-        for run in range(1, args.runs + 1):
-            floor: list[float] = []
-            for system in systems:
-                p50, p99, top = compare.measure_latency(system, RATE, SECONDS, 120)
-                line = f"{run}  {system.name:<18} p50 {p50:5.2f}  p99 {p99:5.2f}  max {top:6.2f}"
-                if not floor:
-                    floor = [p50, p99]
-                else:
-                    ratios[system.name].append((p50 / floor[0], p99 / floor[1]))
-                    line += f"   / relay: p50 {p50 / floor[0]:.2f}x  p99 {p99 / floor[1]:.2f}x"
-                print(line, flush=True)
-    finally:
-        for system in systems:
-            system.stop()
-        compare.stop_all()
-    for name, pairs in ratios.items():
-        if pairs:
-            p50 = statistics.median(a for a, _ in pairs)
-            p99 = statistics.median(b for _, b in pairs)
-            print(f"{name:<18} / relay, median of the rounds: p50 {p50:.2f}x  p99 {p99:.2f}x")
-    for a in ratios:  # (the relay's figures cancel: a's p99 over b's, round by round)
-        for b in ratios:
-            if a != b and not a.startswith("conveyor") and ratios[a] and ratios[b]:
-                each = [x[1] / y[1] for x, y in zip(ratios[a], ratios[b], strict=True)]
-                print(f"{a} / {b}, p99, median of the rounds: {statistics.median(each):.2f}x")
+        print(f"one awaited enqueue at a time, {n:,} jobs, clients on {compare.LOOP[0]}; jobs/s")
+        measures = [lambda s: {"enqueue1": compare.measure_serial(s, n, 120)}]
+    elif args.workload == "drain":
+        n, window, loop = args.jobs, compare.PREFETCH, compare.LOOP[0]
+        print(
+            f"drains of {n:,} jobs from a full queue, prefetch {window}, clients on {loop}; jobs/s"
+        )
+
+        def draining(k: int) -> Measure:
+            return lambda system: {f"drain{k}": compare.measure_drain(system, n, k, 300)}
+
+        measures = [draining(1), draining(4)]
+    else:
+        rate = f"{RATE:,.0f} jobs/s for {SECONDS:.0f} s"
+        print(f"latency at {rate}, 2 workers, clients on {args.loop}; ms")
+
+        def latency(system: compare.System) -> dict[str, float]:
+            p50, p99, top = compare.measure_latency(system, RATE, SECONDS, 120)
+            return {"p50": p50, "p99": p99, "max": top}
+
+        measures = [latency]
+    rounds(systems, args.runs, measures)
 
 
-def rates(systems: list[compare.System], runs: int, figures: dict[str, Any]) -> None:
-    """Each figure (a rate: ``measure(system)``) of each system, round after round, every
-    system in turn, with its ratio to the first relay's in that round; then the medians
-    of those ratios, and of each Conveyor system's over each other system's."""
-    ratios: dict[str, dict[str, list[float]]] = {
-        f: {s.name: [] for s in systems[1:]} for f in figures
-    }
+Measure = Callable[[compare.System], dict[str, float]]
+
+
+def rounds(systems: list[compare.System], runs: int, measures: list[Measure]) -> None:
+    """Each measurement (figures by name: ``measure(system)``) of each system, round after
+    round, every system in turn, with each figure's ratio to the first relay's in that
+    round; then the medians of those ratios, and of each system's figure over each later
+    system's (the relay cancels out: ``ws-relay-sansio / nats-memory``)."""
+    ratios: dict[str, dict[str, list[float]]] = {}  # figure -> system -> per round
     try:
         for run in range(1, runs + 1):
-            for figure, measure in figures.items():
-                floor = 0.0
+            for measure in measures:
+                floor: dict[str, float] = {}
                 for system in systems:
-                    rate = measure(system)
-                    line = f"{run}  {figure:<9} {system.name:<20} {rate:9,.0f} jobs/s"
+                    figures = measure(system)
+                    line = f"{run}  {system.name:<20}" + "".join(
+                        f"  {name} {value:9,.2f}" for name, value in figures.items()
+                    )
                     if not floor:
-                        floor = rate
+                        floor = figures
                     else:
-                        ratios[figure][system.name].append(rate / floor)
-                        line += f"   / relay: {rate / floor:.2f}x"
+                        line += "   / relay:"
+                        for name, value in figures.items():
+                            ratios.setdefault(name, {}).setdefault(system.name, [])
+                            ratios[name][system.name].append(value / floor[name])
+                            line += f" {name} {value / floor[name]:.2f}x"
                     print(line, flush=True)
     finally:
         for system in systems:
             system.stop()
         compare.stop_all()
-    for figure, by_system in ratios.items():
-        for name, each in by_system.items():
-            print(f"{figure:<9} {name:<20} / relay, median: {statistics.median(each):.2f}x")
-        for a in by_system:
-            for b in by_system:
-                if a.startswith("conveyor") and not b.startswith("conveyor"):
-                    each = [x / y for x, y in zip(by_system[a], by_system[b], strict=True)]
-                    print(f"{figure:<9} {a} / {b}, median: {statistics.median(each):.2f}x")
+    for name, by_system in ratios.items():
+        for system_name, each in by_system.items():
+            print(f"{name:<9} {system_name} / relay, median: {statistics.median(each):.2f}x")
+        names = list(by_system)
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                each = [x / y for x, y in zip(by_system[a], by_system[b], strict=True)]
+                print(f"{name:<9} {a} / {b}, median: {statistics.median(each):.2f}x")
 
 
 if __name__ == "__main__":
