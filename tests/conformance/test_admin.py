@@ -106,3 +106,14 @@ async def test_stats_count_each_state(rig: Rig) -> None:
 async def test_announce_says_who_else_is_on_the_table(rig: Rig) -> None:
     # One backend on its table: nobody else (on a shared table, nobody else yet).
     assert await rig.backend.announce("me", {"server": {"url": "ws://me"}}, 5.0) == []
+
+
+async def test_calls_about_a_queue_never_made_answer_so_and_make_none(rig: Rig) -> None:
+    job_id = await rig.put("a")
+    assert await rig.backend.resume("nowhere") is False
+    assert await rig.backend.list_jobs("nowhere", "ready") is None
+    assert await rig.backend.redrive_all("nowhere") is None
+    assert await rig.backend.stats(["nowhere", "a"]) == {"a": (await rig.backend.stats())["a"]}
+    (got,) = await rig.take(queues=("nowhere", "a"))
+    assert got.id == job_id  # (a name no queue has is passed over)
+    assert await rig.backend.queues() == ["a"]

@@ -233,7 +233,6 @@ class LocalBackend:
     ) -> Ready[list[list[Claimed]]]:
         self._check()
         table = self.table
-        known = set(table.queues())
         results: list[list[Claimed]] = [[] for _ in claims]
         if round_robin:
             # One job each in turn; a claim that got nothing has nothing left to take.
@@ -242,7 +241,7 @@ class LocalBackend:
                 still = []
                 for i in open_:
                     claim = claims[i]
-                    handle = self._claim_one(claim, known)
+                    handle = self._claim_one(claim)
                     if handle is None:
                         continue
                     got = results[i]
@@ -257,15 +256,15 @@ class LocalBackend:
                     want = claim.n - len(got)
                     if want <= 0:
                         break
-                    if name in known:
+                    if table.has_queue(name):
                         got.extend(table.queue(name).claim_batch(claim.worker_id, want))
         self._changed()
         return Ready(results)
 
-    def _claim_one(self, claim: Claim, known: set[str]) -> JobHandle | None:
+    def _claim_one(self, claim: Claim) -> JobHandle | None:
         table = self.table
         for name in claim.queues:
-            if name in known:
+            if table.has_queue(name):
                 handle = table.queue(name).claim_one(claim.worker_id)
                 if handle is not None:
                     return handle
@@ -510,7 +509,7 @@ class LocalBackend:
 
     def resume(self, queue: str) -> Ready[bool]:
         self._check()
-        if queue not in self.table.queues():
+        if not self.table.has_queue(queue):
             return Ready(False)
         self.table.queue(queue).resume()
         self._changed()
@@ -534,7 +533,7 @@ class LocalBackend:
 
     def purge_dead(self, queue: str) -> Ready[int | None]:
         self._check()
-        if queue not in self.table.queues():
+        if not self.table.has_queue(queue):
             return Ready(None)
         purged = self.table.queue(queue).purge_dead()
         self._changed()
@@ -542,7 +541,7 @@ class LocalBackend:
 
     def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> Ready[list[Job]]:
         self._check()
-        if queue not in self.table.queues():
+        if not self.table.has_queue(queue):
             return Ready([])
         return Ready(self.table.queue(queue).dead_jobs(offset, limit))
 
@@ -555,7 +554,7 @@ class LocalBackend:
         search: str | None = None,
     ) -> Ready[JobList | None]:
         self._check()
-        if queue not in self.table.queues():
+        if not self.table.has_queue(queue):
             if state not in LIST_STATES:  # (a bad state is named before a missing queue)
                 raise InvalidArgument("state", f"must be one of {', '.join(LIST_STATES)}")
             return Ready(None)
@@ -565,7 +564,7 @@ class LocalBackend:
 
     def redrive_all(self, queue: str) -> Pending[int | None]:
         self._check()
-        if queue not in self.table.queues():
+        if not self.table.has_queue(queue):
             return Ready(None)
         q = self.table.queue(queue)
         left = q.stats().dead
@@ -599,10 +598,10 @@ class LocalBackend:
     def stats(self, queues: Sequence[str] | None = None) -> Ready[dict[str, QueueStats]]:
         self._check()
         table = self.table
-        names = table.queues()
-        if queues is not None:
-            known = set(names)
-            names = [name for name in queues if name in known]
+        if queues is None:
+            names = table.queues()
+        else:
+            names = [name for name in queues if table.has_queue(name)]
         return Ready({name: table.queue(name).stats() for name in names})
 
     # -- schedules (SCH-1 on: the engine decides; its timer fires them, see _on_timer) ----

@@ -1,0 +1,90 @@
+"""What the number of queues costs the local backend's calls on one queue.
+
+    .venv/bin/python bench/queues_cost.py
+    .venv/bin/python bench/queues_cost.py --many 100000
+
+A broker may hold many queues (one per tenant, say) while a worker claims from one. This
+times, through ``LocalBackend`` on the memory store, the calls a busy broker makes about
+one queue: an enqueue, a claim of that job, its ack, a ``stats`` read of that queue, and
+``resume`` of a queue that was never paused (a lookup of a queue by name). Each is timed
+beside 10 queues and beside ``--many`` (10,000 by default), each of them holding a job;
+the median of rounds, in µs per call. None of these should walk the queues, so each
+ratio should stay near 1.
+
+Timings on a shared machine are noisy: compare the ratios printed in one run, not
+absolute times across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+
+from conveyor.broker.backend import Claim, Enqueue, LocalBackend
+from conveyor.broker.scheduler import ManualScheduler
+from conveyor.broker.store import MemoryStore
+
+ROUND = 200
+
+
+def build(queues: int) -> LocalBackend:
+    backend = LocalBackend(
+        MemoryStore(), ManualScheduler(1_000_000.0), max_payload_bytes=1 << 20,
+        rng=random.Random(1), id_prefix="b",
+    )  # fmt: skip
+    backend.enqueue([Enqueue(f"queue-{i}", {"n": i}) for i in range(queues)])
+    return backend
+
+
+def one_round(backend: LocalBackend) -> dict[str, float]:
+    """µs per call of each kind, over ``ROUND`` calls of each on ``queue-0``."""
+    spent = dict.fromkeys(("enqueue", "claim", "ack", "stats", "resume"), 0.0)
+    for _ in range(ROUND):
+        start = time.perf_counter()
+        backend.enqueue([Enqueue("queue-0", {"n": 0})])
+        claimed = time.perf_counter()
+        ((handle,),) = backend.claim([Claim("w", ("queue-0",), 1)]).result()
+        acked = time.perf_counter()
+        backend.ack([(handle.id, handle.lease)])
+        read = time.perf_counter()
+        backend.stats(["queue-0"])
+        resumed = time.perf_counter()
+        backend.resume("queue-0")
+        end = time.perf_counter()
+        spent["enqueue"] += claimed - start
+        spent["claim"] += acked - claimed
+        spent["ack"] += read - acked
+        spent["stats"] += resumed - read
+        spent["resume"] += end - resumed
+    return {name: total / ROUND * 1e6 for name, total in spent.items()}
+
+
+def measure(queues: int, rounds: int) -> dict[str, float]:
+    backend = build(queues)
+    # The first claim takes queue-0's own job; from then on each claim takes the job its
+    # round just enqueued.
+    backend.claim([Claim("w", ("queue-0",), 1)])
+    each = [one_round(backend) for _ in range(rounds)]
+    return {name: statistics.median(r[name] for r in each) for name in each[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--many", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    gc.disable()  # (the collector's passes would land on either side at random)
+    few = measure(10, args.rounds)
+    many = measure(args.many, args.rounds)
+    print(f"local backend, memory store: µs per call on one queue, median of {args.rounds}")
+    print(f"{'call':<10}{'10 queues':>12}{f'{args.many:,} queues':>18}{'ratio':>9}")
+    for name in few:
+        ratio = many[name] / few[name]
+        print(f"{name:<10}{few[name]:>12.2f}{many[name]:>18.2f}{ratio:>8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
