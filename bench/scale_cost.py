@@ -1,15 +1,20 @@
-"""What the number of queues costs the local backend's calls on one queue.
+"""What many queues, and many workers waiting, cost the calls about one queue.
 
-    .venv/bin/python bench/queues_cost.py
-    .venv/bin/python bench/queues_cost.py --many 100000
+    .venv/bin/python bench/scale_cost.py
+    .venv/bin/python bench/scale_cost.py --many 100000
 
-A broker may hold many queues (one per tenant, say) while a worker claims from one. This
-times, through ``LocalBackend`` on the memory store, the calls a busy broker makes about
-one queue: an enqueue, a claim of that job, its ack, a ``stats`` read of that queue, and
-``resume`` of a queue that was never paused (a lookup of a queue by name). Each is timed
-beside 10 queues and beside ``--many`` (10,000 by default), each of them holding a job;
-the median of rounds, in µs per call. None of these should walk the queues, so each
-ratio should stay near 1.
+A broker may hold many queues (one per tenant, say) while a worker claims from one, and
+many workers may wait on one queue. Two measurements, each beside 10 and beside
+``--many`` (10,000 by default), the median of rounds, in µs per call:
+
+* queues: through ``LocalBackend`` on the memory store, the calls a busy broker makes
+  about one queue: an enqueue, a claim of that job, its ack, a ``stats`` read of that
+  queue, and ``resume`` of a queue that was never paused (a lookup by name), beside that
+  many other queues, each holding a job;
+* waiting workers: an enqueue of one job, the dispatcher's pass that pushes it and its
+  ack, with that many subscriptions (prefetch 64, no connection) waiting on the queue.
+
+None of these should walk the queues or the line, so each ratio should stay near 1.
 
 Timings on a shared machine are noisy: compare the ratios printed in one run, not
 absolute times across runs.
@@ -22,8 +27,11 @@ import gc
 import random
 import statistics
 import time
+from typing import Any
 
 from conveyor.broker.backend import Claim, Enqueue, LocalBackend
+from conveyor.broker.dispatch import Dispatcher, Subscription
+from conveyor.broker.egress import Out
 from conveyor.broker.scheduler import ManualScheduler
 from conveyor.broker.store import MemoryStore
 
@@ -71,6 +79,40 @@ def measure(queues: int, rounds: int) -> dict[str, float]:
     return {name: statistics.median(r[name] for r in each) for name in each[0]}
 
 
+def measure_line(waiting: int, rounds: int) -> float:
+    """µs per enqueue of one job, the pass that pushes it and its ack, with ``waiting``
+    workers in the queue's line."""
+    clock = ManualScheduler(1_000_000.0)
+    backend = LocalBackend(
+        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
+    )
+    dispatcher = Dispatcher(backend, grace_s=5.0, scheduler=clock)
+    pushed: list[tuple[Subscription, str, str]] = []
+
+    def subscription(worker_id: str) -> Subscription:
+        def emit(out: Out, frame: dict[str, Any]) -> None:
+            pushed.extend((sub, job["id"], job["lease"]) for job in frame.get("jobs", ()))
+
+        sub = Subscription(worker_id, ["q"], 64, emit)
+        return sub
+
+    for i in range(waiting):
+        dispatcher.subscribe(subscription(f"w{i}"), [])
+    clock.run_soon()
+    each = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(ROUND):
+            backend.enqueue([Enqueue("q", {"n": 0})])
+            dispatcher.run_pending()
+            ((sub, job_id, lease),) = pushed
+            backend.ack([(job_id, lease)])
+            dispatcher.finished(sub, job_id, lease)
+            pushed.clear()
+        each.append((time.perf_counter() - start) / ROUND * 1e6)
+    return statistics.median(each)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--many", type=int, default=10_000)
@@ -84,6 +126,11 @@ def main() -> None:
     for name in few:
         ratio = many[name] / few[name]
         print(f"{name:<10}{few[name]:>12.2f}{many[name]:>18.2f}{ratio:>8.2f}x")
+    alone = measure_line(10, args.rounds)
+    crowded = measure_line(args.many, args.rounds)
+    print(f"\nan enqueue, the pass that pushes it and its ack, µs, median of {args.rounds}")
+    print(f"{'':<10}{'10 waiting':>12}{f'{args.many:,} waiting':>18}{'ratio':>9}")
+    print(f"{'push':<10}{alone:>12.2f}{crowded:>18.2f}{crowded / alone:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from itertools import groupby
+from itertools import groupby, islice
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -483,26 +483,38 @@ class Dispatcher:
                 waiting = self._waiting.get(name)
                 if not waiting:
                     continue
-                line = [sub for sub in waiting if sub.free > 0]  # (not those reserved full)
+                bound = self.backend.claim_bound(name)
+                room = (sub for sub in waiting if sub.free > 0)  # (not those reserved full)
+                # Round-robin hands at most one job to each in turn: no more of the line
+                # than there are jobs can get one from this queue, however long it is.
+                line = list(room if bound is None else islice(room, bound))
                 if line:
-                    self._claim(line, waiting)
+                    cut = bound is not None and len(line) == bound < len(waiting)
+                    self._claim(line, waiting, name if cut else None)
         finally:
             out, self._out = self._out, None
             self._send(out)
 
-    def _claim(self, subs: list[Subscription], line: dict[Subscription, None] | None) -> None:
+    def _claim(
+        self,
+        subs: list[Subscription],
+        line: dict[Subscription, None] | None,
+        cut: str | None = None,
+    ) -> None:
         """Claim for ``subs`` (for the waiting ``line`` of one queue, round-robin), their
-        slots reserved until the result comes; hand out what it brings."""
+        slots reserved until the result comes; hand out what it brings. ``cut``: the
+        queue whose line was cut short at ``subs``; it is looked at again in another
+        pass if each of them got a job (the rest of its line may get some too)."""
         claims = [Claim(sub.worker_id, sub.queues, sub.free) for sub in subs]
         for sub, claim in zip(subs, claims, strict=True):
             sub.claiming += claim.n
         pending = self.backend.claim(claims, round_robin=line is not None)
         if pending.done():  # the local backend: handed out in this pass
-            self._handed(subs, claims, line, pending, None)
+            self._handed(subs, claims, line, pending, None, cut)
             return
         news = _News()
         self._running.add(news)
-        pending.add_done_callback(lambda came: self._handed(subs, claims, line, came, news))
+        pending.add_done_callback(lambda came: self._handed(subs, claims, line, came, news, cut))
 
     def _handed(
         self,
@@ -511,6 +523,7 @@ class Dispatcher:
         line: dict[Subscription, None] | None,
         came: Pending[list[list[Claimed]]],
         news: _News | None,
+        cut: str | None = None,
     ) -> None:
         """A claim's result: give each subscription its jobs (pushed at the end of the
         pass running now, or at once when the result came after its pass)."""
@@ -536,6 +549,8 @@ class Dispatcher:
                 self._file(sub)
         if now:
             self._send(out)
+        if cut is not None and all(got_each):
+            self._mark(frozenset([cut]))  # (a sub may have taken from its other queues)
         if news is not None:
             self._running.discard(news)
             if news.anything:

@@ -116,6 +116,9 @@ class Spread:
 
         return call
 
+    def claim_bound(self, queue: str) -> int | None:
+        return None  # (as each of its backends answers: the table is shared)
+
     def unfollow(self, ids: Sequence[str], on_finished: Any) -> None:
         """Unfollow on every backend (each ignores the ids it does not follow): a
         follow went to whichever backend had the turn."""

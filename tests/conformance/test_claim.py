@@ -144,3 +144,29 @@ async def test_round_robin_claims_keep_each_workers_queue_order(rig: Rig) -> Non
         [Claim("x", ("b", "a"), 2), Claim("y", ("a", "b"), 2)], round_robin=True
     )
     assert [[c.id for c in g] for g in got] == [[b1, b2], [a1]]
+
+
+async def test_claim_bound_is_never_below_what_claims_take_then(rig: Rig) -> None:
+    """A pass asks only as much of a queue's waiting line as ``claim_bound`` says may get
+    a job: were it ever below what a claim takes, a worker would wait beside a job."""
+
+    async def takes_within_bound(n: int, queue: str = "q") -> None:
+        bound = rig.backend.claim_bound(queue)
+        got = await rig.take(queues=(queue,), n=100)
+        assert len(got) == n
+        assert bound is None or bound >= n, (bound, n)
+
+    assert rig.backend.claim_bound("nowhere") in (None, 0)
+    await rig.put(visibility_timeout_s=10.0)
+    await rig.put(visibility_timeout_s=10.0)
+    await rig.put(delay_s=5.0)
+    await rig.put("p", partition="k")
+    await takes_within_bound(2)  # the two ready; the delayed one is not yet
+    await rig.advance(5)
+    await takes_within_bound(1)  # matured since the last look
+    await rig.advance(10)  # the first two leases lapse, with attempts left
+    await takes_within_bound(2)
+    await takes_within_bound(1, "p")  # with a partition key
+    await rig.backend.pause("q")
+    await rig.put()
+    await takes_within_bound(0)

@@ -426,6 +426,14 @@ class Backend(Protocol):
         nothing is left that it may take. Queues that do not exist hand out nothing."""
         ...
 
+    def claim_bound(self, queue: str) -> int | None:
+        """No fewer than the jobs claims on ``queue`` could be handed from it now, read
+        at once and without I/O (it may be more: the claim checks flow control and
+        expiry); 0 for a queue that does not exist. ``None`` when the backend cannot tell
+        so cheaply (a table other brokers share). A pass offers a queue's jobs to at most
+        that many of the workers waiting on it, not to each of them."""
+        ...
+
     def ack(
         self,
         leases: Sequence[tuple[str, str]],

@@ -261,6 +261,10 @@ class LocalBackend:
         self._changed()
         return Ready(results)
 
+    def claim_bound(self, queue: str) -> int | None:
+        table = self.table
+        return table.queue(queue).claimable_bound() if table.has_queue(queue) else 0
+
     def _claim_one(self, claim: Claim) -> JobHandle | None:
         table = self.table
         for name in claim.queues:

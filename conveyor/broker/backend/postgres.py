@@ -1961,6 +1961,9 @@ class PostgresBackend:
     ) -> asyncio.Task[list[list[Claimed]]]:
         return self._spawn(self._claim(claims, round_robin))
 
+    def claim_bound(self, queue: str) -> int | None:
+        return None  # (the table is shared: counting its ready rows is a query)
+
     def ack(
         self,
         leases: Sequence[tuple[str, str]],

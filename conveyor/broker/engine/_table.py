@@ -902,6 +902,20 @@ class Queue:
         handles = self.claim_batch(worker_id, 1)
         return handles[0] if handles else None
 
+    def claimable_bound(self) -> int | None:
+        """No fewer than the jobs a claim could take now (it may count more: flow
+        control and expiry are checked by the claim itself); 0 while paused; ``None``
+        while partition keys are in use (their lapsed rows are counted nowhere cheap).
+        O(rows that matured or lapsed since the last look)."""
+        if self._paused:
+            return 0
+        self._advance(self._table._now())
+        if self._flow.parts:
+            return None
+        # A lapsed row waits in the ready heap still counted as processing until a claim
+        # meets it: the heap's size covers those (and counts its pending rows twice).
+        return self._n_ready + len(self._ready)
+
     def claim_batch(self, worker_id: str, n: int) -> list[JobHandle]:
         """Hand out up to ``n`` claimable jobs in order; ``n <= 0`` hands out none.
 
