@@ -62,6 +62,11 @@ _queue_of = attrgetter("queue")
 # comes near a client's frame-size limit (1 MiB by default in most WebSocket clients).
 _FRAME_PAYLOAD_BUDGET = 256 * 1024
 
+# The most of a queue's waiting line one pass asks when the backend cannot bound what the
+# queue holds (a shared table): the rest of the line is asked in the passes after, while
+# each worker asked gets a job, so that a pass costs the same beside 10 or 10,000 workers.
+_LINE_PER_PASS = 256
+
 
 class Held(NamedTuple):
     """A job a subscription holds, as the dispatcher knows it (the dashboard shows it).
@@ -484,12 +489,14 @@ class Dispatcher:
                 if not waiting:
                     continue
                 bound = self.backend.claim_bound(name)
+                if bound is None:
+                    bound = _LINE_PER_PASS
                 room = (sub for sub in waiting if sub.free > 0)  # (not those reserved full)
                 # Round-robin hands at most one job to each in turn: no more of the line
                 # than there are jobs can get one from this queue, however long it is.
-                line = list(room if bound is None else islice(room, bound))
+                line = list(islice(room, bound))
                 if line:
-                    cut = bound is not None and len(line) == bound < len(waiting)
+                    cut = len(line) == bound < len(waiting)
                     self._claim(line, waiting, name if cut else None)
         finally:
             out, self._out = self._out, None

@@ -154,3 +154,29 @@ def test_at_rest_no_worker_with_room_waits_on_a_queue_holding_a_job(
                 assert not waiting, f"{worker_id} has room but {waiting} hold jobs"
     pushed = [job["id"] for jobs in rig.got.values() for job in jobs]
     assert len(pushed) == len(set(pushed))  # none pushed twice
+
+
+class UnboundedBackend(CountingBackend):
+    """A backend that cannot bound a queue's jobs cheaply, as a shared table's."""
+
+    def claim_bound(self, queue: str) -> int | None:
+        return None
+
+
+def test_without_a_bound_a_pass_asks_part_of_the_line_and_the_next_passes_the_rest() -> None:
+    rig = Rig()
+    rig.backend = UnboundedBackend(
+        MemoryStore(), rig.clock, max_payload_bytes=1 << 20, rng=random.Random(3),
+        id_prefix="u-",
+    )  # fmt: skip
+    rig.dispatcher = Dispatcher(rig.backend, grace_s=0.0, scheduler=rig.clock)
+    for i in range(1000):
+        rig.subscribe(f"w{i}", ["q"])
+    rig.backend.claims_asked = 0
+    rig.put("q", 3)
+    rig.clock.run_soon()
+    assert [len(rig.got[f"w{i}"]) for i in range(4)] == [1, 1, 1, 0]
+    assert rig.backend.claims_asked < 1000  # one pass's share of the line, then no more
+    rig.put("q", 600)
+    rig.clock.run_soon()
+    assert [len(rig.got[f"w{i}"]) for i in range(1000)] == [1] * 603 + [0] * 397

@@ -431,7 +431,8 @@ class Backend(Protocol):
         at once and without I/O (it may be more: the claim checks flow control and
         expiry); 0 for a queue that does not exist. ``None`` when the backend cannot tell
         so cheaply (a table other brokers share). A pass offers a queue's jobs to at most
-        that many of the workers waiting on it, not to each of them."""
+        that many of the workers waiting on it (to a fixed number for ``None``), not to
+        each of them."""
         ...
 
     def ack(
