@@ -16,6 +16,11 @@ many workers may wait on one queue. Two measurements, each beside 10 and beside
 
 None of these should walk the queues or the line, so each ratio should stay near 1.
 
+* a worker listing that many queues (prefetch 64), its jobs all in the last of them:
+  µs per job drained through the dispatcher, each job acked as it comes. Queues are
+  served in strict order, so each refill looks at the queues before the one holding
+  jobs: this one grows with the queues listed (3 rounds of 1,000 jobs).
+
 Timings on a shared machine are noisy: compare the ratios printed in one run, not
 absolute times across runs.
 """
@@ -113,6 +118,39 @@ def measure_line(waiting: int, rounds: int) -> float:
     return statistics.median(each)
 
 
+def measure_listed(listed: int, jobs: int = 1000) -> float:
+    """µs per job drained by one worker that lists ``listed`` queues, its jobs in the last."""
+    clock = ManualScheduler(1_000_000.0)
+    backend = LocalBackend(
+        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
+    )
+    dispatcher = Dispatcher(backend, grace_s=5.0, scheduler=clock)
+    queues = [f"queue-{i}" for i in range(listed)]
+    for name in queues:
+        backend.table.queue(name)
+    pushed: list[tuple[str, str]] = []
+
+    def emit(out: Out, frame: dict[str, Any]) -> None:
+        pushed.extend((job["id"], job["lease"]) for job in frame.get("jobs", ()))
+
+    sub = Subscription("w", queues, 64, emit)
+    dispatcher.subscribe(sub, [])
+    backend.enqueue([Enqueue(queues[-1], {"n": i}) for i in range(jobs)])
+    start = time.perf_counter()
+    done = 0
+    clock.run_soon()
+    while done < jobs:
+        batch = pushed[:]
+        pushed.clear()
+        assert batch, f"nothing pushed after {done} jobs"
+        backend.ack(batch)
+        for job_id, lease in batch:
+            dispatcher.finished(sub, job_id, lease)
+        done += len(batch)
+        clock.run_soon()
+    return (time.perf_counter() - start) / jobs * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--many", type=int, default=10_000)
@@ -131,6 +169,12 @@ def main() -> None:
     print(f"\nan enqueue, the pass that pushes it and its ack, µs, median of {args.rounds}")
     print(f"{'':<10}{'10 waiting':>12}{f'{args.many:,} waiting':>18}{'ratio':>9}")
     print(f"{'push':<10}{alone:>12.2f}{crowded:>18.2f}{crowded / alone:>8.2f}x")
+    few_listed = statistics.median(measure_listed(10) for _ in range(3))
+    many_listed = statistics.median(measure_listed(args.many) for _ in range(3))
+    print("\na worker listing that many queues, its jobs in the last: µs per job, median of 3")
+    print(f"{'':<10}{'10 listed':>12}{f'{args.many:,} listed':>18}{'ratio':>9}")
+    ratio = many_listed / few_listed
+    print(f"{'drain':<10}{few_listed:>12.2f}{many_listed:>18.2f}{ratio:>8.2f}x")
 
 
 if __name__ == "__main__":
