@@ -43,11 +43,17 @@ from conveyor.broker.store import MemoryStore
 ROUND = 200
 
 
-def build(queues: int) -> LocalBackend:
+def rig() -> tuple[ManualScheduler, LocalBackend, Dispatcher]:
+    """A local backend on the memory store and a dispatcher, on one manual clock."""
+    clock = ManualScheduler(1_000_000.0)
     backend = LocalBackend(
-        MemoryStore(), ManualScheduler(1_000_000.0), max_payload_bytes=1 << 20,
-        rng=random.Random(1), id_prefix="b",
-    )  # fmt: skip
+        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
+    )
+    return clock, backend, Dispatcher(backend, grace_s=5.0, scheduler=clock)
+
+
+def build(queues: int) -> LocalBackend:
+    _, backend, _ = rig()
     backend.enqueue([Enqueue(f"queue-{i}", {"n": i}) for i in range(queues)])
     return backend
 
@@ -87,11 +93,7 @@ def measure(queues: int, rounds: int) -> dict[str, float]:
 def measure_line(waiting: int, rounds: int) -> float:
     """µs per enqueue of one job, the pass that pushes it and its ack, with ``waiting``
     workers in the queue's line."""
-    clock = ManualScheduler(1_000_000.0)
-    backend = LocalBackend(
-        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
-    )
-    dispatcher = Dispatcher(backend, grace_s=5.0, scheduler=clock)
+    clock, backend, dispatcher = rig()
     pushed: list[tuple[Subscription, str, str]] = []
 
     def subscription(worker_id: str) -> Subscription:
@@ -120,11 +122,7 @@ def measure_line(waiting: int, rounds: int) -> float:
 
 def measure_listed(listed: int, jobs: int = 1000) -> float:
     """µs per job drained by one worker that lists ``listed`` queues, its jobs in the last."""
-    clock = ManualScheduler(1_000_000.0)
-    backend = LocalBackend(
-        MemoryStore(), clock, max_payload_bytes=1 << 20, rng=random.Random(1), id_prefix="b"
-    )
-    dispatcher = Dispatcher(backend, grace_s=5.0, scheduler=clock)
+    clock, backend, dispatcher = rig()
     queues = [f"queue-{i}" for i in range(listed)]
     for name in queues:
         backend.table.queue(name)
@@ -159,22 +157,33 @@ def main() -> None:
     gc.disable()  # (the collector's passes would land on either side at random)
     few = measure(10, args.rounds)
     many = measure(args.many, args.rounds)
-    print(f"local backend, memory store: µs per call on one queue, median of {args.rounds}")
-    print(f"{'call':<10}{'10 queues':>12}{f'{args.many:,} queues':>18}{'ratio':>9}")
-    for name in few:
-        ratio = many[name] / few[name]
-        print(f"{name:<10}{few[name]:>12.2f}{many[name]:>18.2f}{ratio:>8.2f}x")
-    alone = measure_line(10, args.rounds)
-    crowded = measure_line(args.many, args.rounds)
-    print(f"\nan enqueue, the pass that pushes it and its ack, µs, median of {args.rounds}")
-    print(f"{'':<10}{'10 waiting':>12}{f'{args.many:,} waiting':>18}{'ratio':>9}")
-    print(f"{'push':<10}{alone:>12.2f}{crowded:>18.2f}{crowded / alone:>8.2f}x")
-    few_listed = statistics.median(measure_listed(10) for _ in range(3))
-    many_listed = statistics.median(measure_listed(args.many) for _ in range(3))
-    print("\na worker listing that many queues, its jobs in the last: µs per job, median of 3")
-    print(f"{'':<10}{'10 listed':>12}{f'{args.many:,} listed':>18}{'ratio':>9}")
-    ratio = many_listed / few_listed
-    print(f"{'drain':<10}{few_listed:>12.2f}{many_listed:>18.2f}{ratio:>8.2f}x")
+    table(
+        f"local backend, memory store: µs per call on one queue, median of {args.rounds}",
+        ("call", "queues"), args.many, few, many,
+    )  # fmt: skip
+    line = {"push": measure_line(10, args.rounds)}, {"push": measure_line(args.many, args.rounds)}
+    table(
+        f"\nan enqueue, the pass that pushes it and its ack, µs, median of {args.rounds}",
+        ("", "waiting"), args.many, *line,
+    )  # fmt: skip
+    listed = [
+        {"drain": statistics.median(measure_listed(n) for _ in range(3))} for n in (10, args.many)
+    ]
+    table(
+        "\na worker listing that many queues, its jobs in the last: µs per job, median of 3",
+        ("", "listed"), args.many, *listed,
+    )  # fmt: skip
+
+
+def table(
+    title: str, heads: tuple[str, str], many: int, few_: dict[str, float], many_: dict[str, float]
+) -> None:
+    """Each figure beside 10 and beside ``many``, and their ratio."""
+    first, unit = heads
+    print(title)
+    print(f"{first:<10}{f'10 {unit}':>12}{f'{many:,} {unit}':>18}{'ratio':>9}")
+    for name, value in few_.items():
+        print(f"{name:<10}{value:>12.2f}{many_[name]:>18.2f}{many_[name] / value:>8.2f}x")
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ class CountingBackend(LocalBackend):
 
 
 class Rig:
-    def __init__(self) -> None:
+    def __init__(self, kind: type[CountingBackend] = CountingBackend) -> None:
         self.clock = ManualScheduler(1_000_000.0)
-        self.backend = CountingBackend(
+        self.backend = kind(
             MemoryStore(), self.clock, max_payload_bytes=1 << 20, rng=random.Random(3),
             id_prefix="t-",
         )  # fmt: skip
@@ -164,12 +164,7 @@ class UnboundedBackend(CountingBackend):
 
 
 def test_without_a_bound_a_pass_asks_part_of_the_line_and_the_next_passes_the_rest() -> None:
-    rig = Rig()
-    rig.backend = UnboundedBackend(
-        MemoryStore(), rig.clock, max_payload_bytes=1 << 20, rng=random.Random(3),
-        id_prefix="u-",
-    )  # fmt: skip
-    rig.dispatcher = Dispatcher(rig.backend, grace_s=0.0, scheduler=rig.clock)
+    rig = Rig(UnboundedBackend)
     for i in range(1000):
         rig.subscribe(f"w{i}", ["q"])
     rig.backend.claims_asked = 0

@@ -161,12 +161,12 @@ def test_queues_lists_every_queue_name(table: JobTable) -> None:
     assert sorted(table.queues()) == ["a", "b"]
 
 
-def test_has_queue_knows_the_queues_made_and_no_other(table: JobTable) -> None:
-    assert not table.has_queue("a")
+def test_find_queue_knows_the_queues_made_and_no_other(table: JobTable) -> None:
+    assert table.find_queue("a") is None
     table.queue("a")
     table.queue("b").enqueue(RawJSON(b"1"))
-    assert table.has_queue("a") and table.has_queue("b")
-    assert not table.has_queue("c") and not table.has_queue("A")
+    assert table.find_queue("a") is table.queue("a") and table.find_queue("b") is not None
+    assert table.find_queue("c") is None and table.find_queue("A") is None
     assert table.queues() == ["a", "b"]  # (asking made no queue)
 
 

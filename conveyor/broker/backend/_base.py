@@ -430,7 +430,8 @@ class Backend(Protocol):
         """No fewer than the jobs claims on ``queue`` could be handed from it now, read
         at once and without I/O (it may be more: the claim checks flow control and
         expiry); 0 for a queue that does not exist. ``None`` when the backend cannot tell
-        so cheaply (a table other brokers share). A pass offers a queue's jobs to at most
+        so cheaply (a table other brokers share; a queue with partition keys in use). A
+        pass offers a queue's jobs to at most
         that many of the workers waiting on it (to a fixed number for ``None``), not to
         each of them."""
         ...

@@ -256,20 +256,22 @@ class LocalBackend:
                     want = claim.n - len(got)
                     if want <= 0:
                         break
-                    if table.has_queue(name):
-                        got.extend(table.queue(name).claim_batch(claim.worker_id, want))
+                    queue = table.find_queue(name)
+                    if queue is not None:
+                        got.extend(queue.claim_batch(claim.worker_id, want))
         self._changed()
         return Ready(results)
 
     def claim_bound(self, queue: str) -> int | None:
-        table = self.table
-        return table.queue(queue).claimable_bound() if table.has_queue(queue) else 0
+        found = self.table.find_queue(queue)
+        return 0 if found is None else found.claimable_bound()
 
     def _claim_one(self, claim: Claim) -> JobHandle | None:
         table = self.table
         for name in claim.queues:
-            if table.has_queue(name):
-                handle = table.queue(name).claim_one(claim.worker_id)
+            queue = table.find_queue(name)
+            if queue is not None:
+                handle = queue.claim_one(claim.worker_id)
                 if handle is not None:
                     return handle
         return None
@@ -513,9 +515,10 @@ class LocalBackend:
 
     def resume(self, queue: str) -> Ready[bool]:
         self._check()
-        if not self.table.has_queue(queue):
+        found = self.table.find_queue(queue)
+        if found is None:
             return Ready(False)
-        self.table.queue(queue).resume()
+        found.resume()
         self._changed()
         self._listeners.work_waiting(frozenset([queue]))
         return Ready(True)
@@ -537,17 +540,17 @@ class LocalBackend:
 
     def purge_dead(self, queue: str) -> Ready[int | None]:
         self._check()
-        if not self.table.has_queue(queue):
+        found = self.table.find_queue(queue)
+        if found is None:
             return Ready(None)
-        purged = self.table.queue(queue).purge_dead()
+        purged = found.purge_dead()
         self._changed()
         return Ready(purged)
 
     def dead_jobs(self, queue: str, offset: int = 0, limit: int = 20) -> Ready[list[Job]]:
         self._check()
-        if not self.table.has_queue(queue):
-            return Ready([])
-        return Ready(self.table.queue(queue).dead_jobs(offset, limit))
+        found = self.table.find_queue(queue)
+        return Ready([] if found is None else found.dead_jobs(offset, limit))
 
     def list_jobs(
         self,
@@ -558,19 +561,19 @@ class LocalBackend:
         search: str | None = None,
     ) -> Ready[JobList | None]:
         self._check()
-        if not self.table.has_queue(queue):
+        q = self.table.find_queue(queue)
+        if q is None:
             if state not in LIST_STATES:  # (a bad state is named before a missing queue)
                 raise InvalidArgument("state", f"must be one of {', '.join(LIST_STATES)}")
             return Ready(None)
-        q = self.table.queue(queue)
         jobs, next_key = q.list_jobs(state, after, limit, search)
         return Ready(JobList(jobs, next_key, q.stats().count(state)))
 
     def redrive_all(self, queue: str) -> Pending[int | None]:
         self._check()
-        if not self.table.has_queue(queue):
+        q = self.table.find_queue(queue)
+        if q is None:
             return Ready(None)
-        q = self.table.queue(queue)
         left = q.stats().dead
         if left == 0:
             return Ready(0)
@@ -603,10 +606,9 @@ class LocalBackend:
         self._check()
         table = self.table
         if queues is None:
-            names = table.queues()
-        else:
-            names = [name for name in queues if table.has_queue(name)]
-        return Ready({name: table.queue(name).stats() for name in names})
+            return Ready({name: table.queue(name).stats() for name in table.queues()})
+        found = ((name, table.find_queue(name)) for name in queues)
+        return Ready({name: queue.stats() for name, queue in found if queue is not None})
 
     # -- schedules (SCH-1 on: the engine decides; its timer fires them, see _on_timer) ----
 

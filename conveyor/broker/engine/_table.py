@@ -1914,10 +1914,11 @@ class JobTable:
         """The names of every queue made so far, in the order they were made."""
         return list(self._queues)
 
-    def has_queue(self, name: str) -> bool:
-        """Whether a queue called ``name`` was made: O(1), where ``queues()`` copies every
-        name (a call about one queue must not cost the number of queues)."""
-        return name in self._queues
+    def find_queue(self, name: str) -> Queue | None:
+        """The queue called ``name`` if one was made, else ``None`` (none is made): O(1),
+        where ``queues()`` copies every name (a call about one queue must not cost the
+        number of queues)."""
+        return self._queues.get(name)
 
     def _detached_queue(self, name: str) -> Queue:
         """A queue called ``name`` with the default options that the table does not
